@@ -1,0 +1,226 @@
+"""One attention head: three projections and :func:`portattn.attention`."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._attention import run_attention, weights_impl
+from ._lib._checks import check_floating, check_same_device, dtype_name
+from ._lib._compat import array_namespace, resolve_namespace
+from ._lib._compat import device as device_of
+from ._lib._typing import Array, Device, DType, Namespace
+from ._masks import Causal
+
+__all__ = ["Head", "from_numpy_float64", "standard_normal"]
+
+
+def standard_normal(shape: tuple[int, ...], *, seed: int) -> np.ndarray:
+    """I.i.d. N(0, 1) float64 draws from NumPy's PCG64 seeded with ``seed``.
+
+    Weights are drawn here, once, in float64, and only then converted, which
+    is what makes them bit-identical on every backend.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        msg = f"expected seed to be a non-negative int, got {seed!r}"
+        raise ValueError(msg)
+    return np.random.Generator(np.random.PCG64(seed)).standard_normal(shape)
+
+
+def from_numpy_float64(
+    a: np.ndarray, *, xp: Namespace, dtype: DType | None, device: Device | None
+) -> Array:
+    """Move float64 NumPy data to ``xp``/``device`` and round to ``dtype`` (default float32).
+
+    Rounding happens in NumPy when the target is float32 or float64 so every
+    backend receives identical bits; narrower targets round on the backend
+    from float32, which is exact-rounding everywhere.
+    """
+    target = xp.float32 if dtype is None else dtype
+    if not xp.isdtype(target, "real floating"):
+        msg = f"expected dtype to be a real floating dtype, got {dtype_name(target)}"
+        raise TypeError(msg)
+    if target == xp.float64:
+        return xp.asarray(a, dtype=xp.float64, device=device)
+    f32 = xp.asarray(a.astype(np.float32), dtype=xp.float32, device=device)
+    return f32 if target == xp.float32 else xp.astype(f32, target)
+
+
+class Head:
+    """A single attention head with projections ``wq``, ``wk``, ``wv`` of shape (d_model, d_head).
+
+    ``head(x)`` computes ``attention(x @ wq, x @ wk, x @ wv)``: each token
+    asks with its query, is found by its key, and contributes its value.
+
+    Parameters
+    ----------
+    wq, wk, wv : array, shape (d_model, d_head)
+        Real floating projections from one library, on one device.
+
+    Attributes
+    ----------
+    wq, wk, wv : array
+        The projections, as given (never copied or modified).
+    d_model, d_head : int
+        Input and head widths.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> import portattn as pa
+    >>> head = pa.Head.random(8, 4, xp=xp)
+    >>> x = xp.ones((5, 8))
+    >>> head(x, causal=True).shape
+    (5, 4)
+    """
+
+    def __init__(self, wq: Array, wk: Array, wv: Array, /) -> None:
+        xp = array_namespace(wq, wk, wv)
+        for name, w in (("wq", wq), ("wk", wk), ("wv", wv)):
+            check_floating(name, w, xp=xp)
+            if w.ndim != 2:
+                msg = f"expected {name} to have shape (d_model, d_head), got shape {tuple(w.shape)}"
+                raise ValueError(msg)
+        if not tuple(wq.shape) == tuple(wk.shape) == tuple(wv.shape):
+            msg = (
+                "expected wq, wk and wv to share one shape (d_model, d_head), got "
+                f"{tuple(wq.shape)}, {tuple(wk.shape)} and {tuple(wv.shape)}"
+            )
+            raise ValueError(msg)
+        check_same_device([("wq", wq), ("wk", wk), ("wv", wv)])
+        self.wq, self.wk, self.wv = wq, wk, wv
+        self.d_model, self.d_head = int(wq.shape[0]), int(wq.shape[1])
+
+    def __repr__(self) -> str:
+        return (
+            f"Head(d_model={self.d_model}, d_head={self.d_head}, "
+            f"dtype={dtype_name(self.wq.dtype)})"
+        )
+
+    @classmethod
+    def random(
+        cls,
+        d_model: int,
+        d_head: int,
+        /,
+        *,
+        seed: int = 0,
+        std: float = 1.0,
+        xp: Namespace | None = None,
+        dtype: DType | None = None,
+        device: Device | None = None,
+    ) -> Head:
+        """Deterministic random projections, bit-identical on every backend.
+
+        The entries of ``wq``, ``wk`` and ``wv`` (in that order, one draw of
+        shape (3, d_model, d_head)) are i.i.d. normal with mean 0 and
+        standard deviation ``std``, drawn in float64 from NumPy's PCG64
+        seeded with ``seed``, then rounded to ``dtype``.
+
+        Parameters
+        ----------
+        d_model, d_head : int
+            Input and head widths.
+        seed : int, optional
+            Non-negative seed.
+        std : float, optional
+            Standard deviation; 1.0 (default) as in the chapter, or
+            ``1/sqrt(d_model)`` to keep projections at unit scale.
+        xp : namespace or module, optional
+            Array library; ``None`` means NumPy.
+        dtype : dtype, optional
+            Real floating dtype of ``xp``; default float32.
+        device : optional
+            Device in ``xp``'s terms.
+
+        Returns
+        -------
+        Head
+
+        Examples
+        --------
+        >>> import portattn as pa
+        >>> pa.Head.random(4, 2).wq.dtype
+        dtype('float32')
+        """
+        ns = resolve_namespace(xp)
+        for name, n in (("d_model", d_model), ("d_head", d_head)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                msg = f"expected {name} to be a positive int, got {n!r}"
+                raise ValueError(msg)
+        if not math.isfinite(std) or std < 0:
+            msg = f"expected std to be a finite non-negative number, got {std!r}"
+            raise ValueError(msg)
+        w = standard_normal((3, d_model, d_head), seed=seed) * std
+        wq, wk, wv = (from_numpy_float64(w[i], xp=ns, dtype=dtype, device=device) for i in range(3))
+        return cls(wq, wk, wv)
+
+    @classmethod
+    def identity(
+        cls,
+        d: int,
+        /,
+        *,
+        xp: Namespace | None = None,
+        dtype: DType | None = None,
+        device: Device | None = None,
+    ) -> Head:
+        """A head whose three projections are the d×d identity: ``Q = K = V = x``.
+
+        Examples
+        --------
+        >>> import portattn as pa
+        >>> pa.Head.identity(3).wq.tolist()
+        [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+        """
+        ns = resolve_namespace(xp)
+        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+            msg = f"expected d to be a positive int, got {d!r}"
+            raise ValueError(msg)
+        eye = from_numpy_float64(np.eye(d), xp=ns, dtype=dtype, device=device)
+        return cls(eye, eye, eye)
+
+    def _project(self, x: Array, *, xp: Namespace) -> tuple[Array, Array, Array]:
+        check_floating("x", x, xp=xp)
+        if x.ndim < 2 or int(x.shape[-1]) != self.d_model:
+            msg = (
+                f"expected x to have shape (..., seq, d_model={self.d_model}), "
+                f"got shape {tuple(x.shape)}"
+            )
+            raise ValueError(msg)
+        check_same_device([("weights", self.wq), ("x", x)])
+        return x @ self.wq, x @ self.wk, x @ self.wv  # each (..., seq, d_head)
+
+    def scores(self, x: Array, /, *, scaled: bool = True) -> Array:
+        """Raw scores ``Q Kᵀ`` of shape (..., seq, seq), divided by √d_head unless ``scaled=False``.
+
+        Examples
+        --------
+        >>> import portattn as pa
+        >>> import numpy as np
+        >>> head = pa.Head.identity(4)
+        >>> x = np.full((2, 4), 1.0, dtype=np.float32)
+        >>> head.scores(x, scaled=False).tolist(), head.scores(x).tolist()
+        ([[4.0, 4.0], [4.0, 4.0]], [[2.0, 2.0], [2.0, 2.0]])
+        """
+        xp = array_namespace(x, self.wq)
+        q, k, _ = self._project(x, xp=xp)
+        s = q @ xp.matrix_transpose(k)  # (..., seq, seq)
+        if scaled:
+            s = s / xp.asarray(math.sqrt(self.d_head), dtype=s.dtype, device=device_of(s))
+        return s
+
+    def weights(self, x: Array, /, *, causal: Causal = False) -> Array:
+        """Attention weights ``softmax(Q Kᵀ / √d_head)``, (..., seq, seq); rows sum to 1."""
+        xp = array_namespace(x, self.wq)
+        q, k, _ = self._project(x, xp=xp)
+        return weights_impl(q, k, causal=causal, xp=xp)
+
+    def __call__(self, x: Array, /, *, causal: Causal = False) -> Array:
+        """The head's output for ``x`` of shape (..., seq, d_model): (..., seq, d_head)."""
+        xp = array_namespace(x, self.wq)
+        q, k, v = self._project(x, xp=xp)
+        out = run_attention(q, k, v, causal=causal, xp=xp)
+        assert not isinstance(out, tuple)
+        return out

@@ -1,0 +1,1 @@
+"""Private helpers shared across portattn. Nothing here is public API."""

@@ -1,0 +1,93 @@
+"""The single point through which portattn reaches ``array-api-compat``.
+
+Everything else in the package imports from here, so the compat layer can be
+swapped or vendored in one place, and tests can count namespace lookups by
+patching :func:`array_namespace`.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any
+
+import array_api_compat
+from array_api_compat import device, is_array_api_obj, to_device
+
+__all__ = [
+    "array_namespace",
+    "device",
+    "is_array_api_obj",
+    "library_name",
+    "resolve_namespace",
+    "to_device",
+]
+
+
+def array_namespace(*arrays: Any) -> ModuleType:
+    """Return the array API namespace shared by ``arrays`` (``None`` entries ignored).
+
+    Raises
+    ------
+    TypeError
+        If the arrays come from different libraries (both are named), or an
+        argument is not an array at all.
+    """
+    present = [a for a in arrays if a is not None]
+    for a in present:
+        if not is_array_api_obj(a):
+            msg = (
+                "expected arrays from an array API library (numpy, torch, cupy, "
+                f"array_api_strict, ...), got {type(a).__module__}.{type(a).__qualname__}"
+            )
+            raise TypeError(msg)
+    try:
+        return array_api_compat.array_namespace(*present)
+    except TypeError:
+        libs = sorted({library_name(a) for a in present})
+        msg = (
+            "expected all arrays to come from one library, got arrays from "
+            f"{' and '.join(libs)}; convert them to one library first"
+        )
+        raise TypeError(msg) from None
+
+
+def library_name(x: Any) -> str:
+    """The top-level package that defines ``type(x)``, e.g. ``"numpy"`` or ``"torch"``."""
+    return type(x).__module__.split(".", 1)[0]
+
+
+_COMPAT_WRAPPED = {
+    "numpy": "array_api_compat.numpy",
+    "torch": "array_api_compat.torch",
+    "cupy": "array_api_compat.cupy",
+    "dask.array": "array_api_compat.dask.array",
+}
+
+
+def resolve_namespace(xp: Any) -> ModuleType:
+    """Turn what a user passes as ``xp=`` into an array API namespace.
+
+    ``None`` means NumPy. A library module (``numpy``, ``torch``, ``cupy``) is
+    mapped to its ``array-api-compat`` wrapper; a namespace that already
+    follows the standard (``array_api_strict``, a compat wrapper,
+    ``jax.numpy``) is returned as it is.
+    """
+    if xp is None:
+        import array_api_compat.numpy as np_compat
+
+        return np_compat
+    if not isinstance(xp, ModuleType):
+        msg = f"expected xp to be an array namespace or library module, got {type(xp).__name__}"
+        raise TypeError(msg)
+    wrapped = _COMPAT_WRAPPED.get(xp.__name__)
+    if wrapped is not None:
+        __import__(wrapped)
+        return sys.modules[wrapped]
+    if hasattr(xp, "__array_api_version__") or xp.__name__.startswith("array_api_compat."):
+        return xp
+    msg = (
+        f"expected xp to be numpy, torch, cupy or a module that follows the array API "
+        f"standard, got module {xp.__name__!r}"
+    )
+    raise TypeError(msg)

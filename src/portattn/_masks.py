@@ -1,0 +1,265 @@
+"""Masks that follow from positions alone: causal triangles, sliding windows, padding.
+
+Each is described by index arithmetic rather than stored, so the blockwise path
+can build just the tile it needs, and skip tiles that are entirely hidden
+without ever reading them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ._lib._compat import resolve_namespace
+from ._lib._typing import Array, Device, Namespace
+
+__all__ = [
+    "Align",
+    "Causal",
+    "Structure",
+    "causal_mask",
+    "length_mask",
+    "normalize_window",
+    "window_mask",
+]
+
+Align = Literal["top_left", "bottom_right"]
+Causal = bool | Literal["top_left", "bottom_right"]
+_ALIGNS = ("top_left", "bottom_right")
+
+
+def _offset(lq: int, lk: int, align: str) -> int:
+    if align not in _ALIGNS:
+        msg = f"expected align to be 'top_left' or 'bottom_right', got {align!r}"
+        raise ValueError(msg)
+    return lk - lq if align == "bottom_right" else 0
+
+
+def _check_length(name: str, n: object) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        msg = f"expected {name} to be a non-negative int, got {n!r}"
+        raise ValueError(msg)
+    return n
+
+
+def normalize_window(window: int | tuple[int, int] | None) -> tuple[int, int] | None:
+    """``w`` means ``(w, w)``; negative sizes are refused."""
+    if window is None:
+        return None
+    if isinstance(window, int) and not isinstance(window, bool):
+        pair: tuple[object, ...] = (window, window)
+    elif isinstance(window, tuple) and len(window) == 2:
+        pair = window
+    else:
+        msg = f"expected window to be an int or a (left, right) pair of ints, got {window!r}"
+        raise ValueError(msg)
+    left, right = pair
+    for side, value in (("left", left), ("right", right)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            msg = f"expected window {side} size to be a non-negative int, got {value!r}"
+            raise ValueError(msg)
+    assert isinstance(left, int) and isinstance(right, int)
+    return left, right
+
+
+@dataclass(frozen=True)
+class Structure:
+    """Which (query, key) pairs positions allow: key ``j`` is aligned with query ``i + offset``.
+
+    ``causal`` hides ``j > i + offset``; ``window=(left, right)`` keeps
+    ``i + offset - left <= j <= i + offset + right``.
+    """
+
+    lq: int
+    lk: int
+    offset: int = 0
+    causal: bool = False
+    window: tuple[int, int] | None = None
+
+    @classmethod
+    def build(
+        cls, lq: int, lk: int, causal: object, window: tuple[int, int] | None
+    ) -> Structure:
+        """Resolve ``causal=`` and ``window=`` into one structure, refusing to guess alignment."""
+        if causal is False or causal is None:
+            is_causal, align = False, None
+        elif causal is True:
+            if lq != lk:
+                msg = (
+                    f"causal=True is ambiguous when Lq != Lk (got Lq={lq}, Lk={lk}): pass "
+                    "causal='top_left' (torch/JAX convention: query i sees keys j <= i) or "
+                    "causal='bottom_right' (KV-cache decoding: query i sees keys "
+                    "j <= i + Lk - Lq)"
+                )
+                raise ValueError(msg)
+            is_causal, align = True, "top_left"
+        elif isinstance(causal, str):
+            if causal not in _ALIGNS:
+                msg = (
+                    "expected causal to be False, True, 'top_left' or 'bottom_right', "
+                    f"got {causal!r}"
+                )
+                raise ValueError(msg)
+            is_causal, align = True, causal
+        else:
+            msg = (
+                "expected causal to be False, True, 'top_left' or 'bottom_right', "
+                f"got {type(causal).__name__} {causal!r}"
+            )
+            raise ValueError(msg)
+        if window is not None and align is None:
+            if lq != lk:
+                msg = (
+                    f"a window with Lq != Lk is ambiguous (got Lq={lq}, Lk={lk}): pass "
+                    "causal='top_left' or causal='bottom_right' to align it, or build the "
+                    "mask yourself with portattn.window_mask(..., align=...)"
+                )
+                raise ValueError(msg)
+            align = "top_left"
+        offset = _offset(lq, lk, align) if align is not None else 0
+        return cls(lq, lk, offset, is_causal, window)
+
+    @property
+    def trivial(self) -> bool:
+        """True when positions hide nothing."""
+        return not self.causal and self.window is None
+
+    def key_range(self, q0: int, q1: int) -> tuple[int, int]:
+        """The half-open range of keys that any query in ``[q0, q1)`` may see."""
+        lo, hi = 0, self.lk
+        if q1 <= q0:
+            return 0, 0
+        if self.causal:
+            hi = min(hi, q1 - 1 + self.offset + 1)
+        if self.window is not None:
+            left, right = self.window
+            lo = max(lo, q0 + self.offset - left)
+            hi = min(hi, q1 - 1 + self.offset + right + 1)
+        return lo, max(lo, hi)
+
+    def tile_is_full(self, q0: int, q1: int, k0: int, k1: int) -> bool:
+        """True when every pair in the tile is allowed, so no mask need be built."""
+        if self.causal and k1 - 1 > q0 + self.offset:
+            return False
+        if self.window is not None:
+            left, right = self.window
+            if k0 < q1 - 1 + self.offset - left or k1 - 1 > q0 + self.offset + right:
+                return False
+        return True
+
+    def tile(self, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace, device: Device) -> Array:
+        """The boolean mask of the tile ``[q0, q1) x [k0, k1)``, True where allowed."""
+        qi = xp.arange(q0, q1, dtype=xp.int64, device=device)[:, None] + self.offset
+        kj = xp.arange(k0, k1, dtype=xp.int64, device=device)[None, :]
+        allowed = xp.ones((q1 - q0, k1 - k0), dtype=xp.bool, device=device)
+        if self.causal:
+            allowed = kj <= qi
+        if self.window is not None:
+            left, right = self.window
+            allowed = xp.logical_and(allowed, xp.logical_and(kj >= qi - left, kj <= qi + right))
+        return allowed
+
+
+def causal_mask(
+    lq: int,
+    lk: int,
+    /,
+    *,
+    align: Align = "bottom_right",
+    xp: Namespace | None = None,
+    device: Device | None = None,
+) -> Array:
+    """Boolean causal mask of shape ``(lq, lk)``, True where query ``i`` may attend to key ``j``.
+
+    Parameters
+    ----------
+    lq, lk : int
+        Number of queries and keys.
+    align : {"bottom_right", "top_left"}, optional
+        ``"bottom_right"`` (the default) lets query ``i`` see keys
+        ``j <= i + (lk - lq)``: the last query sees every key, as in KV-cache
+        decoding. ``"top_left"`` lets query ``i`` see ``j <= i``, the torch and
+        JAX convention. The two agree when ``lq == lk``.
+    xp : namespace or module, optional
+        Array library for the result; ``None`` means NumPy.
+    device : optional
+        Device for the result, in ``xp``'s terms.
+
+    Returns
+    -------
+    array
+        Boolean array of shape ``(lq, lk)``.
+
+    Examples
+    --------
+    >>> import portattn as pa
+    >>> pa.causal_mask(2, 3).tolist()
+    [[True, True, False], [True, True, True]]
+    >>> pa.causal_mask(2, 3, align="top_left").tolist()
+    [[True, False, False], [True, True, False]]
+    """
+    lq, lk = _check_length("lq", lq), _check_length("lk", lk)
+    ns = resolve_namespace(xp)
+    s = Structure(lq, lk, _offset(lq, lk, align), causal=True)
+    return s.tile(0, lq, 0, lk, xp=ns, device=device)
+
+
+def window_mask(
+    lq: int,
+    lk: int,
+    /,
+    *,
+    window: int | tuple[int, int],
+    causal: bool = False,
+    align: Align = "bottom_right",
+    xp: Namespace | None = None,
+    device: Device | None = None,
+) -> Array:
+    """Boolean sliding-window mask of shape ``(lq, lk)``, True where attention is allowed.
+
+    Query ``i`` sees keys ``i' - left <= j <= i' + right`` where ``i' = i``
+    (``align="top_left"``) or ``i' = i + lk - lq`` (``align="bottom_right"``),
+    the semantics of ``jax.nn.dot_product_attention``'s ``local_window_size``.
+
+    Parameters
+    ----------
+    lq, lk : int
+        Number of queries and keys.
+    window : int or (int, int)
+        ``(left, right)`` window sizes; an int ``w`` means ``(w, w)``.
+    causal : bool, optional
+        Also hide keys after the aligned position (a Mistral-style window).
+    align : {"bottom_right", "top_left"}, optional
+        How queries line up with keys when ``lq != lk``.
+    xp : namespace or module, optional
+        Array library for the result; ``None`` means NumPy.
+    device : optional
+        Device for the result.
+
+    Returns
+    -------
+    array
+        Boolean array of shape ``(lq, lk)``.
+
+    Examples
+    --------
+    >>> import portattn as pa
+    >>> pa.window_mask(4, 4, window=(1, 0)).astype(int)
+    array([[1, 0, 0, 0],
+           [1, 1, 0, 0],
+           [0, 1, 1, 0],
+           [0, 0, 1, 1]])
+    """
+    lq, lk = _check_length("lq", lq), _check_length("lk", lk)
+    ns = resolve_namespace(xp)
+    s = Structure(lq, lk, _offset(lq, lk, align), causal=bool(causal), window=normalize_window(window))
+    return s.tile(0, lq, 0, lk, xp=ns, device=device)
+
+
+def length_mask(
+    lengths: Array, n: int, start: int, stop: int, *, xp: Namespace, device: Device
+) -> Array:
+    """``positions[start:stop] < lengths``, shaped ``lengths.shape + (stop - start,)``."""
+    pos = xp.arange(start, stop, dtype=lengths.dtype, device=device)
+    return pos < lengths[..., None]
+

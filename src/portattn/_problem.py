@@ -1,0 +1,201 @@
+"""Validate the arguments of an attention call once, into a :class:`Problem` every path shares.
+
+The materialising, blockwise and native paths all read the same validated
+problem, so semantics (masking, alignment, padding, dtypes) are decided in one
+place and the paths differ only in how they schedule the arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ._lib._checks import (
+    broadcast_shapes,
+    check_bool,
+    check_finite_scale,
+    check_floating,
+    check_rank,
+    check_same_device,
+    compute_dtype,
+    dtype_name,
+)
+from ._lib._typing import Array, Device, DType, Namespace
+from ._masks import Structure, length_mask, normalize_window
+
+__all__ = ["Problem", "prepare"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A validated attention call. ``q`` is already multiplied by the scale."""
+
+    q: Array  # (..., Lq, d), compute dtype
+    k: Array  # (..., Lk, d)
+    v: Array  # (..., Lk, dv)
+    mask: Array | None  # bool, ndim == len(batch) + 2, (..., Lq|1, Lk|1)
+    bias: Array | None  # compute dtype, same layout as mask
+    key_lengths: Array | None  # int, ndim == len(batch)
+    query_lengths: Array | None
+    structure: Structure
+    batch: tuple[int, ...]
+    out_dtype: DType
+    device: Device
+    scale: float
+
+    @property
+    def lq(self) -> int:
+        return self.structure.lq
+
+    @property
+    def lk(self) -> int:
+        return self.structure.lk
+
+    @property
+    def dv(self) -> int:
+        return int(self.v.shape[-1])
+
+    def allowed(self, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace) -> Array | None:
+        """Everything that hides pairs in the tile, combined; ``None`` when nothing does."""
+        parts = []
+        if not self.structure.tile_is_full(q0, q1, k0, k1):
+            parts.append(self.structure.tile(q0, q1, k0, k1, xp=xp, device=self.device))
+        if self.mask is not None:
+            parts.append(_tile(self.mask, q0, q1, k0, k1))
+        if self.key_lengths is not None:
+            kl = length_mask(self.key_lengths, self.lk, k0, k1, xp=xp, device=self.device)
+            parts.append(kl[..., None, :])  # (..., 1, k1-k0)
+        if self.query_lengths is not None:
+            ql = length_mask(self.query_lengths, self.lq, q0, q1, xp=xp, device=self.device)
+            parts.append(ql[..., :, None])  # (..., q1-q0, 1)
+        if not parts:
+            return None
+        out = parts[0]
+        for p in parts[1:]:
+            out = xp.logical_and(out, p)
+        return out
+
+    def bias_tile(self, q0: int, q1: int, k0: int, k1: int) -> Array | None:
+        return None if self.bias is None else _tile(self.bias, q0, q1, k0, k1)
+
+
+def _tile(x: Array, q0: int, q1: int, k0: int, k1: int) -> Array:
+    rows = slice(None) if x.shape[-2] == 1 else slice(q0, q1)
+    cols = slice(None) if x.shape[-1] == 1 else slice(k0, k1)
+    return x[..., rows, cols]
+
+
+def _align(x: Array, ndim: int, *, xp: Namespace) -> Array:
+    """Prepend unit axes so that ``x`` has ``ndim`` dimensions."""
+    if x.ndim == ndim:
+        return x
+    return xp.reshape(x, (1,) * (ndim - x.ndim) + tuple(x.shape))
+
+
+def _check_lengths(name: str, x: Array | None, *, xp: Namespace) -> None:
+    if x is not None and not xp.isdtype(x.dtype, "integral"):
+        msg = f"expected {name} to be an integer array of valid lengths, got {dtype_name(x.dtype)}"
+        raise TypeError(msg)
+
+
+def prepare(
+    query: Array,
+    key: Array,
+    value: Array | None,
+    *,
+    mask: Array | None,
+    bias: Array | None,
+    causal: object,
+    scale: float | None,
+    window: int | tuple[int, int] | None = None,
+    key_lengths: Array | None = None,
+    query_lengths: Array | None = None,
+    xp: Namespace,
+) -> Problem:
+    """Check every argument and return the problem in compute precision.
+
+    ``value=None`` validates a weights-only call (:func:`attention_weights`).
+    """
+    arrays = (("query", query), ("key", key), ("value", value))
+    for name, x in arrays:
+        if x is not None:
+            check_floating(name, x, xp=xp)
+    for name, x in arrays:
+        if x is not None:
+            check_rank(name, x, 2, "(..., length, features)")
+    if mask is not None:
+        check_bool("mask", mask, xp=xp)
+    if bias is not None:
+        check_floating("bias", bias, xp=xp)
+    _check_lengths("key_lengths", key_lengths, xp=xp)
+    _check_lengths("query_lengths", query_lengths, xp=xp)
+
+    lq, d = int(query.shape[-2]), int(query.shape[-1])
+    lk = int(key.shape[-2])
+    if int(key.shape[-1]) != d:
+        msg = (
+            f"expected key to have feature size d={d} like query {tuple(query.shape)}, "
+            f"got key shape {tuple(key.shape)}"
+        )
+        raise ValueError(msg)
+    if value is not None and int(value.shape[-2]) != lk:
+        msg = (
+            f"expected value to have Lk={lk} rows like key {tuple(key.shape)}, "
+            f"got value shape {tuple(value.shape)}"
+        )
+        raise ValueError(msg)
+
+    dev = check_same_device(
+        [
+            ("query", query),
+            ("key", key),
+            ("value", value),
+            ("mask", mask),
+            ("bias", bias),
+            ("key_lengths", key_lengths),
+            ("query_lengths", query_lengths),
+        ]
+    )
+
+    named_batches = [("query", tuple(query.shape[:-2])), ("key", tuple(key.shape[:-2]))]
+    if value is not None:
+        named_batches.append(("value", tuple(value.shape[:-2])))
+    batch = broadcast_shapes(named_batches)
+    for name, m in (("mask", mask), ("bias", bias)):
+        if m is None:
+            continue
+        if m.ndim < 2:
+            check_rank(name, m, 2, f"broadcastable to (..., Lq={lq}, Lk={lk})")
+        full = broadcast_shapes([("the scores", (*batch, lq, lk)), (name, tuple(m.shape))])
+        if full[-2:] != (lq, lk):
+            msg = f"expected {name} to be broadcastable to (..., {lq}, {lk}), got shape {tuple(m.shape)}"
+            raise ValueError(msg)
+        batch = full[:-2]
+    for name, n in (("key_lengths", key_lengths), ("query_lengths", query_lengths)):
+        if n is not None:
+            batch = broadcast_shapes([("the batch shape", batch), (name, tuple(n.shape))])
+
+    structure = Structure.build(lq, lk, causal, normalize_window(window))
+    scale_value = 1.0 / math.sqrt(d) if scale is None else check_finite_scale(scale)
+
+    dtypes = [x.dtype for _, x in arrays if x is not None]
+    out_dtype = xp.result_type(*dtypes)
+    work = compute_dtype(out_dtype, xp=xp)
+    q = xp.astype(query, work) * xp.asarray(scale_value, dtype=work, device=dev)
+    k = xp.astype(key, work)
+    v = None if value is None else xp.astype(value, work)
+    ndim = len(batch) + 2
+    return Problem(
+        q=q,
+        k=k,
+        v=v,
+        mask=None if mask is None else _align(mask, ndim, xp=xp),
+        bias=None if bias is None else _align(xp.astype(bias, work), ndim, xp=xp),
+        key_lengths=None if key_lengths is None else _align(key_lengths, len(batch), xp=xp),
+        query_lengths=None if query_lengths is None else _align(query_lengths, len(batch), xp=xp),
+        structure=structure,
+        batch=batch,
+        out_dtype=out_dtype,
+        device=dev,
+        scale=scale_value,
+    )

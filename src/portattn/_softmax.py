@@ -1,0 +1,78 @@
+"""A softmax that never overflows, never warns, and sends fully masked rows to zero."""
+
+from __future__ import annotations
+
+from ._lib._checks import check_floating, compute_dtype
+from ._lib._compat import array_namespace, device
+from ._lib._typing import Array, Namespace
+
+__all__ = ["masked_softmax", "softmax"]
+
+
+def masked_softmax(
+    scores: Array, allowed: Array | None, *, xp: Namespace
+) -> tuple[Array, Array, Array]:
+    """Softmax over the last axis of ``scores`` where ``allowed``; returns ``(weights, max, sum)``.
+
+    Hidden entries become ``-inf`` before the row max is taken. A row with
+    nothing visible keeps max ``-inf`` internally, is shifted by 0 instead (so
+    ``-inf - -inf`` never happens), sums to 0, and comes out as zeros.
+    ``max`` and ``sum`` are returned (keepdims) so callers can form the
+    log-sum-exp.
+    """
+    neg_inf = xp.asarray(-xp.inf, dtype=scores.dtype, device=device(scores))
+    if allowed is not None:
+        scores = xp.where(allowed, scores, neg_inf)
+    row_max = xp.max(scores, axis=-1, keepdims=True)
+    shift = xp.where(row_max == neg_inf, xp.zeros_like(row_max), row_max)
+    e = xp.exp(scores - shift)
+    total = xp.sum(e, axis=-1, keepdims=True)
+    weights = e / xp.where(total > 0, total, xp.ones_like(total))
+    return weights, row_max, total
+
+
+def softmax(x: Array, /, *, axis: int = -1) -> Array:
+    """Numerically stable softmax along ``axis``.
+
+    The row maximum is subtracted before exponentiating, so no finite input
+    overflows. A slice that is entirely ``-inf`` (nothing to attend to) gives
+    zeros rather than NaN, and no floating-point warning fires.
+    float16 and bfloat16 inputs are computed in float32 and cast back.
+
+    Parameters
+    ----------
+    x : array
+        Real floating array.
+    axis : int, optional
+        Axis to normalise over. Default: the last.
+
+    Returns
+    -------
+    array
+        Same shape, dtype, namespace and device as ``x``; each slice along
+        ``axis`` sums to 1 (or is all zeros).
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> import portattn as pa
+    >>> pa.softmax(xp.asarray([[0.0, 0.0], [-xp.inf, -xp.inf]]))
+    Array([[0.5, 0.5],
+           [0. , 0. ]], dtype=array_api_strict.float64)
+    """
+    xp = array_namespace(x)
+    check_floating("x", x, xp=xp)
+    if not isinstance(axis, int) or isinstance(axis, bool) or not -x.ndim <= axis < x.ndim:
+        msg = f"expected axis to be an int in [{-x.ndim}, {x.ndim}), got {axis!r}"
+        raise ValueError(msg)
+    dtype = x.dtype
+    work = xp.astype(x, compute_dtype(dtype, xp=xp))
+    if x.shape[axis] == 0:
+        return xp.astype(work, dtype, copy=True)
+    moved = axis not in (-1, x.ndim - 1)
+    if moved:
+        work = xp.moveaxis(work, axis, -1)
+    weights, _, _ = masked_softmax(work, None, xp=xp)
+    if moved:
+        weights = xp.moveaxis(weights, -1, axis)
+    return xp.astype(weights, dtype)
