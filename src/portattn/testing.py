@@ -1,0 +1,101 @@
+"""Assertions for checking attention results across array libraries.
+
+:func:`assert_close` first checks that the result is in the namespace, dtype,
+shape and device the caller expects, and only then compares values, so a test
+cannot pass because both sides were silently NumPy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._lib._checks import dtype_name
+from ._lib._compat import array_namespace, resolve_namespace
+from ._lib._compat import device as device_of
+from ._lib._convert import to_numpy
+from ._lib._typing import Array, Device, DType, Namespace
+
+__all__ = ["assert_close", "max_relative_error", "to_numpy"]
+
+
+def max_relative_error(actual: Array, desired: Array) -> float:
+    """``max |a - d| / max(max |d|, tiny)``, computed in float64 NumPy.
+
+    Normalising by the largest reference magnitude (not elementwise) keeps
+    entries that are near zero by cancellation from dominating.
+    """
+    a = to_numpy(actual).astype(np.float64)
+    d = to_numpy(desired).astype(np.float64)
+    if a.shape != d.shape:
+        msg = f"shapes differ: {a.shape} vs {d.shape}"
+        raise AssertionError(msg)
+    if a.size == 0:
+        return 0.0
+    denom = max(float(np.max(np.abs(d))), np.finfo(np.float64).tiny)
+    return float(np.max(np.abs(a - d))) / denom
+
+
+def assert_close(
+    actual: Array,
+    desired: Array,
+    /,
+    *,
+    rtol: float,
+    xp: Namespace | None = None,
+    dtype: DType | None = None,
+    device: Device | None = None,
+    shape: tuple[int, ...] | None = None,
+) -> None:
+    """Assert that ``actual`` lives where expected and matches ``desired`` to ``rtol``.
+
+    Parameters
+    ----------
+    actual : array
+        The result under test.
+    desired : array
+        Reference values, from any library (often float64 NumPy).
+    rtol : float
+        Bound on :func:`max_relative_error`.
+    xp, dtype, device, shape : optional
+        When given, ``actual`` must have exactly this namespace, dtype,
+        device and shape; ``shape`` defaults to ``desired``'s shape.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> import numpy as np
+    >>> from portattn.testing import assert_close
+    >>> assert_close(xp.asarray([1.0, 2.0]), np.array([1.0, 2.0]), rtol=0, xp=xp)
+    """
+    got_xp = array_namespace(actual)
+    if xp is not None and got_xp is not resolve_namespace(xp):
+        msg = f"expected an array from {xp.__name__}, got one from {got_xp.__name__}"
+        raise AssertionError(msg)
+    if dtype is not None and not _same_dtype(actual.dtype, dtype):
+        msg = f"expected dtype {dtype_name(dtype)}, got {dtype_name(actual.dtype)}"
+        raise AssertionError(msg)
+    if device is not None:
+        got = device_of(actual)
+        if got != device:
+            msg = f"expected device {device}, got {got}"
+            raise AssertionError(msg)
+    want_shape = tuple(desired.shape) if shape is None else tuple(shape)
+    if tuple(actual.shape) != want_shape:
+        msg = f"expected shape {want_shape}, got {tuple(actual.shape)}"
+        raise AssertionError(msg)
+    a = to_numpy(actual)
+    if a.dtype.kind == "f" and np.isnan(a).any():
+        msg = "result contains NaN"
+        raise AssertionError(msg)
+    err = max_relative_error(actual, desired)
+    if not err <= rtol:
+        msg = f"max relative error {err:.3e} exceeds rtol {rtol:.1e}"
+        raise AssertionError(msg)
+
+
+def _same_dtype(a: DType, b: DType) -> bool:
+    # np.dtype("float64") == None is True, so never compare against None.
+    if a is None or b is None:
+        return a is b
+    return bool(a == b)
+

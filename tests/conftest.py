@@ -1,0 +1,170 @@
+"""The backend matrix.
+
+``PORTATTN_BACKENDS=numpy,torch`` chooses backends; a backend that was asked
+for and cannot be imported, or has no device, fails the run. With the
+variable unset, every known backend is parametrized and those that cannot run
+here skip, each with its reason.
+
+Tests ask for the ``backend`` fixture (a :class:`Backend`) and build inputs
+with ``backend.asarray(numpy_array)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+KNOWN = ("numpy", "numpy_readonly", "torch", "torch_cuda", "cupy", "array_api_strict")
+ENV = "PORTATTN_BACKENDS"
+
+
+@dataclass
+class Backend:
+    """One array library on one device, as the tests see it."""
+
+    name: str
+    xp: ModuleType  # the array API namespace (array-api-compat wrapper where needed)
+    device: Any
+    half_dtypes: tuple[Any, ...] = ()
+    _convert: Callable[[np.ndarray], Any] = field(default=lambda a: a, repr=False)
+
+    def asarray(self, a: Any, dtype: Any = None) -> Any:
+        """Move NumPy data here; ``dtype`` is one of this backend's dtypes."""
+        a = np.asarray(a)
+        if dtype is None:
+            return self._convert(a)
+        if a.dtype.kind == "f":
+            arr = self._convert(a.astype(np.float64))
+            return self.xp.astype(arr, dtype)
+        return self.xp.astype(self._convert(a), dtype)
+
+    @property
+    def float_dtypes(self) -> tuple[Any, ...]:
+        return (self.xp.float32, self.xp.float64, *self.half_dtypes)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, copy=True)
+    a.flags.writeable = False
+    return a
+
+
+def _load(name: str) -> Backend:
+    """Import a backend or raise ImportError/RuntimeError saying why it cannot run."""
+    import array_api_compat
+
+    if name in ("numpy", "numpy_readonly"):
+        xp = array_api_compat.array_namespace(np.empty(0))
+        conv = _readonly if name == "numpy_readonly" else (lambda a: np.array(a, copy=True))
+        return Backend(name, xp, "cpu", (np.float16,), conv)
+    if name in ("torch", "torch_cuda"):
+        torch = importlib.import_module("torch")
+        dev = torch.device("cuda" if name == "torch_cuda" else "cpu")
+        if name == "torch_cuda" and not torch.cuda.is_available():
+            msg = "no CUDA device available"
+            raise RuntimeError(msg)
+        xp = array_api_compat.array_namespace(torch.empty(0))
+        return Backend(
+            name,
+            xp,
+            dev,
+            (torch.float16, torch.bfloat16),
+            lambda a: torch.from_numpy(np.array(a, copy=True)).to(dev),
+        )
+    if name == "cupy":
+        cp = importlib.import_module("cupy")
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            msg = "no CUDA device available"
+            raise RuntimeError(msg)
+        xp = array_api_compat.array_namespace(cp.empty(0))
+        return Backend(name, xp, cp.cuda.Device(0), (cp.float16,), cp.asarray)
+    if name == "array_api_strict":
+        xps = importlib.import_module("array_api_strict")
+        xps.set_array_api_strict_flags(boolean_indexing=False, data_dependent_shapes=False)
+        return Backend(name, xps, xps.Device("CPU_DEVICE"), (), xps.asarray)
+    msg = f"unknown backend {name!r}"
+    raise ValueError(msg)
+
+
+def requested() -> tuple[str, ...] | None:
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        return None
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    unknown = [n for n in names if n not in KNOWN]
+    if unknown:
+        msg = f"{ENV} names unknown backends {unknown}; known: {', '.join(KNOWN)}"
+        raise pytest.UsageError(msg)
+    return names
+
+
+_CACHE: dict[str, Backend | BaseException] = {}
+
+
+def get_backend(name: str) -> Backend:
+    """The backend, or a failure (asked for) / a skip with the reason (not asked for)."""
+    if name not in _CACHE:
+        try:
+            _CACHE[name] = _load(name)
+        except (ImportError, RuntimeError, AttributeError) as exc:
+            _CACHE[name] = exc
+    got = _CACHE[name]
+    if isinstance(got, Backend):
+        return got
+    if requested() is not None:
+        pytest.fail(f"backend {name!r} was requested in {ENV} but cannot run: {got}")
+    pytest.skip(f"{name}: {got}")
+
+
+def backend_names() -> tuple[str, ...]:
+    return requested() or KNOWN
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    requested()  # refuse unknown names before collecting anything
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    req = requested()
+    return f"portattn backends: {', '.join(backend_names())}" + (
+        f" (from {ENV})" if req else f" ({ENV} unset: unavailable ones skip)"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend_name", backend_names())
+
+
+@pytest.fixture
+def backend(backend_name: str) -> Backend:
+    return get_backend(backend_name)
+
+
+@pytest.fixture
+def xp(backend: Backend) -> ModuleType:
+    return backend.xp
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(20261130)
+
+
+def rtol_for(backend: Backend, dtype: Any) -> float:
+    """The agreement bounds the core issue sets, by precision."""
+    if dtype == backend.xp.float64:
+        return 1e-12
+    if dtype == backend.xp.float32:
+        return 1e-5
+    return 1e-2
