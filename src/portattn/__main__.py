@@ -1,0 +1,109 @@
+"""``python -m portattn``: the chapter's results, computed on every installed backend."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+import numpy as np
+
+from . import chapter
+from ._lib._compat import resolve_namespace
+from ._lib._convert import to_numpy
+
+__all__ = ["available_backends", "heatmap", "main"]
+
+_CANDIDATES = ("numpy", "torch", "array_api_strict", "cupy")
+
+
+def available_backends(names: Sequence[str] = _CANDIDATES) -> tuple[list[tuple[str, ModuleType]], list[str]]:
+    """Split ``names`` into importable backends (with their namespaces) and missing ones (with why)."""
+    found, missing = [], []
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+            if name == "cupy" and module.cuda.runtime.getDeviceCount() < 1:
+                missing.append(f"{name} (no CUDA device)")
+                continue
+        except Exception as exc:  # an installed cupy without a driver raises CUDA errors
+            missing.append(f"{name} ({type(exc).__name__})")
+            continue
+        found.append((name, resolve_namespace(module)))
+    return found, missing
+
+
+# viridis, 8 steps, as 256-colour ANSI codes (dark purple -> yellow)
+_VIRIDIS_256 = (53, 54, 61, 24, 30, 35, 77, 190)
+
+
+def heatmap(tokens: Sequence[str], weights: np.ndarray, *, color: bool) -> str:
+    """Weights as a grid of percentages, one row per query token, optionally viridis-shaded."""
+    width = max(4, *(len(t) for t in tokens)) + 1
+    lines = [" " * width + "".join(f"{t:>{width}}" for t in tokens)]
+    for tok, row in zip(tokens, weights, strict=True):
+        cells = []
+        for p in row:
+            text = f"{round(100 * float(p)):>{width - 1}d}%"
+            if color:
+                shade = _VIRIDIS_256[min(7, int(float(p) * 8))]
+                fg = 16 if shade == 190 else 231
+                text = f"\x1b[48;5;{shade}m\x1b[38;5;{fg}m{text}\x1b[0m"
+            cells.append(text)
+        lines.append(f"{tok:>{width}}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def _report(name: str, xp: ModuleType, *, color: bool) -> str:
+    out = [f"== backend: {name} =="]
+    out.append("Why divide by sqrt(d): mean largest weight per query (uniform = 1/6 = 0.167)")
+    out.append(f"{'d':>6} {'unscaled':>10} {'scaled':>10}")
+    for row in chapter.scaling_table(xp=xp):
+        out.append(f"{row.d:>6} {row.unscaled:>10.3f} {row.scaled:>10.3f}")
+    perm = chapter.permutation_check(xp=xp)
+    out.append(
+        f"Order is invisible: attention(x[{list(perm.perm)}]) vs attention(x)[{list(perm.perm)}]: "
+        f"max |diff| = {perm.max_abs_diff:.3g} ({perm.max_ulp:.0f} ULP)"
+    )
+    caus = chapter.causality_check(xp=xp)
+    out.append(
+        f"Causality: last token multiplied by -{caus.factor:g}; changed bits in earlier rows: "
+        f"with mask {list(caus.changed_bits_masked)}, without {list(caus.changed_bits_unmasked)}"
+    )
+    tokens = chapter.DEMO_TOKENS
+    for causal in (True, False):
+        w = to_numpy(chapter.demo_weights(tokens, causal=causal, xp=xp))
+        out.append(f"\nWho attends to whom, causal mask {'ON' if causal else 'OFF'} (rows = queries):")
+        out.append(heatmap(tokens, w, color=color))
+        out.append(chapter.describe_row(tokens, w, 2))
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m portattn``."""
+    parser = argparse.ArgumentParser(prog="python -m portattn", description=__doc__)
+    parser.add_argument(
+        "--backend",
+        action="append",
+        choices=_CANDIDATES,
+        help="run only on this backend (repeatable); default: every installed one",
+    )
+    parser.add_argument("--no-color", action="store_true", help="plain text heatmaps")
+    args = parser.parse_args(argv)
+    found, missing = available_backends(args.backend or _CANDIDATES)
+    if args.backend and missing:
+        print(f"requested backend(s) not available: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    color = not args.no_color and sys.stdout.isatty()
+    print("portattn: the single-head chapter, recomputed")
+    print(f"backends: {', '.join(n for n, _ in found)}" + (f"; not available: {', '.join(missing)}" if missing else ""))
+    for name, xp in found:
+        print()
+        print(_report(name, xp, color=color))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
