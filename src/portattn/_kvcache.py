@@ -1,0 +1,212 @@
+"""A key/value cache for incremental (token-by-token) decoding.
+
+During generation each new token only needs its own query; the keys and
+values of earlier tokens never change under a causal mask, so they are kept
+here instead of being recomputed. The new queries are the *last* rows of the
+sequence, which is why decoding aligns the causal mask bottom-right.
+"""
+
+from __future__ import annotations
+
+from ._lib._checks import dtype_name
+from ._lib._compat import array_namespace, resolve_namespace
+from ._lib._compat import device as device_of
+from ._lib._typing import Array, Device, DType, Namespace
+
+__all__ = ["KVCache"]
+
+# A growing cache starts this large and doubles, so appending n tokens one by
+# one copies O(n) elements in total.
+_GROWING_START = 16
+
+
+def _check_size(name: str, n: object, minimum: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < minimum:
+        msg = f"expected {name} to be an int >= {minimum}, got {n!r}"
+        raise ValueError(msg)
+    return n
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, stored as (\\*batch, Hkv, capacity, d_head).
+
+    Two forms: with ``capacity`` the buffers are allocated once and an
+    append that would exceed it raises ``ValueError``; with
+    ``capacity=None`` the buffers grow (doubling) as needed.
+
+    Parameters
+    ----------
+    num_kv_heads, d_head : int
+        Number of key/value heads and their width.
+    batch_shape : tuple of int, optional
+        Leading batch dimensions of the keys and values stored.
+    capacity : int, optional
+        Maximum number of tokens; ``None`` (default) grows without bound.
+    xp : namespace or module, optional
+        Array library; ``None`` means NumPy.
+    dtype : dtype, optional
+        Real floating dtype of the stored keys and values; default float32.
+    device : optional
+        Device in ``xp``'s terms.
+
+    Attributes
+    ----------
+    length : int
+        Number of tokens stored.
+    capacity : int or None
+        The fixed capacity, or ``None`` for a growing cache.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> import portattn as pa
+    >>> cache = pa.KVCache(2, 4, capacity=3, xp=xp)
+    >>> k = v = xp.ones((2, 1, 4), dtype=xp.float32)  # (Hkv, new tokens, d_head)
+    >>> keys, values = cache.append(k, v)
+    >>> keys.shape, cache.length
+    ((2, 1, 4), 1)
+    """
+
+    def __init__(
+        self,
+        num_kv_heads: int,
+        d_head: int,
+        /,
+        *,
+        batch_shape: tuple[int, ...] = (),
+        capacity: int | None = None,
+        xp: Namespace | None = None,
+        dtype: DType | None = None,
+        device: Device | None = None,
+    ) -> None:
+        self.num_kv_heads = _check_size("num_kv_heads", num_kv_heads, 1)
+        self.d_head = _check_size("d_head", d_head, 1)
+        if not isinstance(batch_shape, tuple) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in batch_shape
+        ):
+            msg = f"expected batch_shape to be a tuple of non-negative ints, got {batch_shape!r}"
+            raise ValueError(msg)
+        self.batch_shape = batch_shape
+        self.capacity = None if capacity is None else _check_size("capacity", capacity, 0)
+        self._xp = resolve_namespace(xp)
+        self.dtype = self._xp.float32 if dtype is None else dtype
+        if not self._xp.isdtype(self.dtype, "real floating"):
+            msg = f"expected dtype to be a real floating dtype, got {dtype_name(self.dtype)}"
+            raise TypeError(msg)
+        self.length = 0
+        size = _GROWING_START if self.capacity is None else self.capacity
+        self._k = self._empty(size, device)
+        self._v = self._empty(size, device)
+        self.device = device_of(self._k)
+
+    def _empty(self, size: int, device: Device | None) -> Array:
+        shape = (*self.batch_shape, self.num_kv_heads, size, self.d_head)
+        return self._xp.zeros(shape, dtype=self.dtype, device=device)
+
+    def __repr__(self) -> str:
+        cap = "growing" if self.capacity is None else f"capacity={self.capacity}"
+        return (
+            f"KVCache(num_kv_heads={self.num_kv_heads}, d_head={self.d_head}, "
+            f"batch_shape={self.batch_shape}, length={self.length}, {cap}, "
+            f"dtype={dtype_name(self.dtype)})"
+        )
+
+    @property
+    def keys(self) -> Array:
+        """The stored keys, (\\*batch, Hkv, length, d_head)."""
+        return self._k[..., : self.length, :]
+
+    @property
+    def values(self) -> Array:
+        """The stored values, (\\*batch, Hkv, length, d_head)."""
+        return self._v[..., : self.length, :]
+
+    def append(self, keys: Array, values: Array, /) -> tuple[Array, Array]:
+        """Store new keys and values (\\*batch, Hkv, n, d_head); return all stored so far.
+
+        Every check runs before anything is written, so a failed append leaves
+        the cache unchanged. The inputs are copied, never kept or modified.
+
+        Returns
+        -------
+        keys, values : array, shape (\\*batch, Hkv, length, d_head)
+
+        Raises
+        ------
+        TypeError
+            Arrays from another library, or a dtype other than the cache's.
+        ValueError
+            A shape other than (\\*batch, Hkv, n, d_head), a different device,
+            or more tokens than a fixed capacity holds.
+        """
+        xp = array_namespace(keys, values)
+        self.check(keys, values, xp=xp)
+        return self.append_checked(keys, values)
+
+    def check(self, keys: Array, values: Array, *, xp: Namespace) -> None:
+        """Raise if ``keys``/``values`` cannot be appended (nothing is written)."""
+        if xp is not self._xp:
+            msg = f"expected arrays from {self._xp.__name__} like the cache, got {xp.__name__}"
+            raise TypeError(msg)
+        want = (*self.batch_shape, self.num_kv_heads, "n", self.d_head)
+        for name, a in (("keys", keys), ("values", values)):
+            if a.dtype != self.dtype:
+                msg = (
+                    f"expected {name} of dtype {dtype_name(self.dtype)} like the cache, "
+                    f"got {dtype_name(a.dtype)}"
+                )
+                raise TypeError(msg)
+            shape = tuple(a.shape)
+            if len(shape) != len(want) or shape[:-2] != want[:-2] or shape[-1] != self.d_head:
+                msg = (
+                    f"expected {name} of shape (*batch, Hkv, n, d_head) = {want} to match the "
+                    f"cache, got shape {shape}"
+                )
+                raise ValueError(msg)
+            if device_of(a) != self.device:
+                msg = f"expected {name} on the cache's device {self.device}, got {device_of(a)}"
+                raise ValueError(msg)
+        if tuple(keys.shape) != tuple(values.shape):
+            msg = (
+                f"expected keys and values of one shape, got {tuple(keys.shape)} and "
+                f"{tuple(values.shape)}"
+            )
+            raise ValueError(msg)
+        n = int(keys.shape[-2])
+        if self.capacity is not None and self.length + n > self.capacity:
+            msg = (
+                f"KVCache overflow: capacity is {self.capacity} tokens, it holds "
+                f"{self.length}, and {n} more were appended; create the cache with a larger "
+                "capacity, or capacity=None to let it grow"
+            )
+            raise ValueError(msg)
+
+    def append_checked(self, keys: Array, values: Array) -> tuple[Array, Array]:
+        """:meth:`append` after :meth:`check` has passed."""
+        n = int(keys.shape[-2])
+        end = self.length + n
+        if end > int(self._k.shape[-2]):
+            self._grow(end)
+        self._k[..., self.length : end, :] = keys
+        self._v[..., self.length : end, :] = values
+        self.length = end
+        return self.keys, self.values
+
+    def _grow(self, needed: int) -> None:
+        size = max(needed, 2 * int(self._k.shape[-2]))
+        for name in ("_k", "_v"):
+            old = getattr(self, name)
+            new = self._empty(size, self.device)
+            new[..., : self.length, :] = old[..., : self.length, :]
+            setattr(self, name, new)
+
+    def clear(self) -> None:
+        """Forget every stored token.
+
+        Fresh buffers are allocated, so arrays returned earlier are never
+        overwritten by later appends.
+        """
+        size = _GROWING_START if self.capacity is None else self.capacity
+        self._k = self._empty(size, self.device)
+        self._v = self._empty(size, self.device)
+        self.length = 0

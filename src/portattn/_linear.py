@@ -1,0 +1,274 @@
+r"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs").
+
+Softmax attention weighs key ``j`` for query ``i`` by
+:math:`\exp(q_i \cdot k_j)`. Replacing that kernel by a dot product of feature
+maps, :math:`\phi(q_i) \cdot \phi(k_j)` with :math:`\phi(x) = \mathrm{elu}(x) + 1`,
+lets the sums be reassociated:
+
+.. math::
+
+    o_i = \frac{\phi(q_i)^\top \sum_j \phi(k_j) v_j^\top}{\phi(q_i)^\top \sum_j \phi(k_j)}
+
+so the (Lq, Lk) matrix is never formed. With a causal mask the sums become
+prefix sums, which is exactly a recurrent network whose state is
+:math:`S_i = \sum_{j \le i} \phi(k_j) v_j^\top` and
+:math:`z_i = \sum_{j \le i} \phi(k_j)`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ._lib._checks import broadcast_shapes, check_floating, compute_dtype
+from ._lib._compat import array_namespace
+from ._lib._compat import device as _device
+from ._lib._typing import Array, Namespace
+
+__all__ = ["LinearAttentionState", "elu_feature_map", "linear_attention", "linear_attention_step"]
+
+_DEFAULT_CHUNK = 64
+
+
+class LinearAttentionState(NamedTuple):
+    """The recurrent state of causal linear attention after some tokens."""
+
+    kv: Array
+    """:math:`S = \\sum_j \\phi(k_j) v_j^\\top`, shape (..., d, dv), compute dtype."""
+    normalizer: Array
+    """:math:`z = \\sum_j \\phi(k_j)`, shape (..., d), compute dtype."""
+
+
+def _phi(x: Array, *, xp: Namespace) -> Array:
+    # elu(x) + 1 = x + 1 for x > 0, exp(x) otherwise; the minimum keeps exp
+    # from overflowing in the branch `where` discards.
+    return xp.where(x > 0, x + 1, xp.exp(xp.minimum(x, xp.zeros_like(x))))
+
+
+def elu_feature_map(x: Array, /) -> Array:
+    """The feature map ``elu(x) + 1`` of Katharopoulos et al.: positive, smooth, ~``x+1``.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> import portattn as pa
+    >>> pa.elu_feature_map(xp.asarray([-1.0, 0.0, 2.0]))
+    Array([0.36787944, 1.        , 3.        ], dtype=array_api_strict.float64)
+    """
+    xp = array_namespace(x)
+    check_floating("x", x, xp=xp)
+    work = compute_dtype(x.dtype, xp=xp)
+    return xp.astype(_phi(xp.astype(x, work), xp=xp), x.dtype, copy=False)
+
+
+def _check_eps(eps: object) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < float("inf"):
+        msg = f"expected eps to be a finite non-negative number, got {eps!r}"
+        raise ValueError(msg)
+    return float(eps)
+
+
+def _validate(query: Array, key: Array, value: Array, *, xp: Namespace) -> None:
+    for name, a in (("query", query), ("key", key), ("value", value)):
+        check_floating(name, a, xp=xp)
+        if a.ndim < 2:
+            msg = f"expected {name} to have shape (..., length, features), got shape {tuple(a.shape)}"
+            raise ValueError(msg)
+    if int(key.shape[-1]) != int(query.shape[-1]):
+        msg = (
+            f"expected key to have feature size d={int(query.shape[-1])} like query "
+            f"{tuple(query.shape)}, got key shape {tuple(key.shape)}"
+        )
+        raise ValueError(msg)
+    if int(value.shape[-2]) != int(key.shape[-2]):
+        msg = (
+            f"expected value to have Lk={int(key.shape[-2])} rows like key {tuple(key.shape)}, "
+            f"got value shape {tuple(value.shape)}"
+        )
+        raise ValueError(msg)
+    broadcast_shapes(
+        [(n, tuple(a.shape[:-2])) for n, a in (("query", query), ("key", key), ("value", value))]
+    )
+
+
+def linear_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    /,
+    *,
+    causal: bool = False,
+    eps: float = 1e-6,
+    chunk_size: int | None = None,
+) -> Array:
+    r"""Linear attention with the ``elu + 1`` feature map, in O(L) time and memory.
+
+    Non-causal: :math:`o_i = \phi(q_i)^\top S / (\phi(q_i)^\top z + \epsilon)`
+    with :math:`S = \sum_j \phi(k_j) v_j^\top`, :math:`z = \sum_j \phi(k_j)`.
+    Causal: the same with prefix sums over ``j <= i``, computed chunk by
+    chunk with ``cumulative_sum`` so memory is O(L·dv + chunk·d·dv), never
+    O(L²). Equal (to rounding) to running :func:`linear_attention_step`
+    token by token.
+
+    Parameters
+    ----------
+    query : array, shape (..., Lq, d)
+    key : array, shape (..., Lk, d)
+    value : array, shape (..., Lk, dv)
+        Real floating, batch dimensions broadcast.
+    causal : bool, optional
+        Query ``i`` sees keys ``j <= i``; requires ``Lq == Lk``.
+    eps : float, optional
+        Added to the denominator, as in the paper's reference code.
+    chunk_size : int, optional
+        Tokens per prefix-sum chunk in the causal form (default 64).
+
+    Returns
+    -------
+    array, shape (..., Lq, dv)
+        In the inputs' library, dtype and device.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> import portattn as pa
+    >>> q = k = xp.zeros((3, 2))
+    >>> v = xp.reshape(xp.arange(3.0), (3, 1))
+    >>> pa.linear_attention(q, k, v, causal=True, eps=0.0)  # phi(0) = 1: running means
+    Array([[0. ],
+           [0.5],
+           [1. ]], dtype=array_api_strict.float64)
+    """
+    xp = array_namespace(query, key, value)
+    _validate(query, key, value, xp=xp)
+    e = _check_eps(eps)
+    out_dtype = xp.result_type(query.dtype, key.dtype, value.dtype)
+    work = compute_dtype(out_dtype, xp=xp)
+    fq = _phi(xp.astype(query, work), xp=xp)  # (..., Lq, d)
+    fk = _phi(xp.astype(key, work), xp=xp)  # (..., Lk, d)
+    v = xp.astype(value, work)  # (..., Lk, dv)
+    if causal:
+        if not isinstance(causal, bool):
+            msg = f"expected causal to be a bool, got {causal!r}"
+            raise ValueError(msg)
+        lq, lk = int(query.shape[-2]), int(key.shape[-2])
+        if lq != lk:
+            msg = f"expected Lq == Lk for causal linear attention, got Lq={lq}, Lk={lk}"
+            raise ValueError(msg)
+        out = _causal(fq, fk, v, eps=e, chunk_size=chunk_size, xp=xp)
+    else:
+        kv = xp.matrix_transpose(fk) @ v  # (..., d, dv)
+        z = xp.sum(fk, axis=-2)  # (..., d)
+        num = fq @ kv  # (..., Lq, dv)
+        den = xp.sum(fq * z[..., None, :], axis=-1, keepdims=True)  # (..., Lq, 1)
+        out = num / (den + e)
+    return xp.astype(out, out_dtype, copy=False)
+
+
+def _causal(
+    fq: Array, fk: Array, v: Array, *, eps: float, chunk_size: int | None, xp: Namespace
+) -> Array:
+    c = _DEFAULT_CHUNK if chunk_size is None else chunk_size
+    if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+        msg = f"expected chunk_size to be a positive int, got {chunk_size!r}"
+        raise ValueError(msg)
+    n, d, dv = int(fq.shape[-2]), int(fq.shape[-1]), int(v.shape[-1])
+    batch = broadcast_shapes(
+        [("query", tuple(fq.shape[:-2])), ("key", tuple(fk.shape[:-2])), ("value", tuple(v.shape[:-2]))]
+    )
+    s = xp.zeros((*batch, d, dv), dtype=fq.dtype, device=_device(fq))  # running S
+    z = xp.zeros((*batch, d), dtype=fq.dtype, device=_device(fq))  # running z
+    outs = []
+    for c0 in range(0, n, c):
+        c1 = min(n, c0 + c)
+        fk_c, v_c, fq_c = fk[..., c0:c1, :], v[..., c0:c1, :], fq[..., c0:c1, :]
+        outer = fk_c[..., :, :, None] * v_c[..., :, None, :]  # (..., C, d, dv)
+        s_pre = s[..., None, :, :] + xp.cumulative_sum(outer, axis=-3)  # (..., C, d, dv)
+        z_pre = z[..., None, :] + xp.cumulative_sum(fk_c, axis=-2)  # (..., C, d)
+        num = (fq_c[..., :, None, :] @ s_pre)[..., 0, :]  # (..., C, dv)
+        den = xp.sum(fq_c * z_pre, axis=-1, keepdims=True)  # (..., C, 1)
+        outs.append(num / (den + eps))
+        s, z = s_pre[..., -1, :, :], z_pre[..., -1, :]
+    if not outs:
+        return xp.zeros((*batch, 0, dv), dtype=fq.dtype, device=_device(fq))
+    return xp.concat(outs, axis=-2) if len(outs) > 1 else outs[0]
+
+
+def linear_attention_step(
+    query: Array,
+    key: Array,
+    value: Array,
+    /,
+    state: LinearAttentionState | None = None,
+    *,
+    eps: float = 1e-6,
+) -> tuple[Array, LinearAttentionState]:
+    """One token of causal linear attention as a recurrent network: the RNN view.
+
+    ``S += φ(k) vᵀ``, ``z += φ(k)``, then ``o = φ(q)ᵀ S / (φ(q)ᵀ z + eps)``.
+    Feeding a sequence through token by token gives :func:`linear_attention`
+    with ``causal=True``, in O(1) memory per step.
+
+    Parameters
+    ----------
+    query, key : array, shape (..., d)
+    value : array, shape (..., dv)
+        The current token; batch dimensions broadcast.
+    state : LinearAttentionState, optional
+        The state after the previous tokens; ``None`` starts from zeros.
+    eps : float, optional
+        As in :func:`linear_attention`.
+
+    Returns
+    -------
+    output : array, shape (..., dv)
+        In the inputs' library and dtype.
+    state : LinearAttentionState
+        A new state; the old one is not modified.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> import portattn as pa
+    >>> q = k = xp.zeros(2)
+    >>> out, state = pa.linear_attention_step(q, k, xp.asarray([4.0]), eps=0.0)
+    >>> out, state = pa.linear_attention_step(q, k, xp.asarray([2.0]), state, eps=0.0)
+    >>> out  # running mean of the values
+    Array([3.], dtype=array_api_strict.float64)
+    """
+    xp = array_namespace(query, key, value, *(state or ()))
+    for name, a in (("query", query), ("key", key), ("value", value)):
+        check_floating(name, a, xp=xp)
+        if a.ndim < 1:
+            msg = f"expected {name} to have shape (..., features), got a 0-d array"
+            raise ValueError(msg)
+    d, dv = int(query.shape[-1]), int(value.shape[-1])
+    if int(key.shape[-1]) != d:
+        msg = f"expected key to have d={d} features like query, got key shape {tuple(key.shape)}"
+        raise ValueError(msg)
+    e = _check_eps(eps)
+    out_dtype = xp.result_type(query.dtype, key.dtype, value.dtype)
+    work = compute_dtype(out_dtype, xp=xp)
+    fq = _phi(xp.astype(query, work), xp=xp)  # (..., d)
+    fk = _phi(xp.astype(key, work), xp=xp)
+    v = xp.astype(value, work)  # (..., dv)
+    outer = fk[..., :, None] * v[..., None, :]  # (..., d, dv)
+    if state is None:
+        s, z = outer, fk
+    else:
+        if not isinstance(state, LinearAttentionState):
+            msg = f"expected state to be a LinearAttentionState or None, got {type(state).__name__}"
+            raise TypeError(msg)
+        if tuple(state.kv.shape[-2:]) != (d, dv):
+            msg = (
+                f"expected a state for d={d}, dv={dv} (kv shape (..., {d}, {dv})), "
+                f"got kv shape {tuple(state.kv.shape)}"
+            )
+            raise ValueError(msg)
+        if state.kv.dtype != work:
+            msg = f"expected a state in the compute dtype {work}, got {state.kv.dtype}"
+            raise TypeError(msg)
+        s, z = state.kv + outer, state.normalizer + fk
+    num = (fq[..., None, :] @ s)[..., 0, :]  # (..., dv)
+    den = xp.sum(fq * z, axis=-1, keepdims=True)  # (..., 1)
+    out = num / (den + e)
+    return xp.astype(out, out_dtype, copy=False), LinearAttentionState(s, z)
