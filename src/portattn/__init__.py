@@ -9,14 +9,27 @@ from __future__ import annotations
 
 from ._attention import attention, attention_weights
 from ._head import Head
+from ._kvcache import KVCache
+from ._linear import LinearAttentionState, elu_feature_map, linear_attention, linear_attention_step
 from ._masks import causal_mask, window_mask
+from ._multihead import MultiHeadAttention
+from ._positions import apply_rope, rope_positions, sinusoidal_encoding
 from ._softmax import softmax
 
 __all__ = [
     "Head",
+    "KVCache",
+    "LinearAttentionState",
+    "MultiHeadAttention",
+    "apply_rope",
     "attention",
     "attention_weights",
     "causal_mask",
+    "elu_feature_map",
+    "linear_attention",
+    "linear_attention_step",
+    "rope_positions",
+    "sinusoidal_encoding",
     "softmax",
     "window_mask",
 ]
