@@ -98,6 +98,7 @@ class KVCache:
         self._k = self._empty(size, device)
         self._v = self._empty(size, device)
         self.device = device_of(self._k)
+        self.dtype = self._k.dtype  # the array's own dtype object (numpy: a dtype, not a type)
 
     def _empty(self, size: int, device: Device | None) -> Array:
         shape = (*self.batch_shape, self.num_kv_heads, size, self.d_head)

@@ -17,6 +17,7 @@ prefix sums, which is exactly a recurrent network whose state is
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from ._lib._checks import broadcast_shapes, check_floating, compute_dtype
@@ -39,9 +40,13 @@ class LinearAttentionState(NamedTuple):
 
 
 def _phi(x: Array, *, xp: Namespace) -> Array:
-    # elu(x) + 1 = x + 1 for x > 0, exp(x) otherwise; the minimum keeps exp
-    # from overflowing in the branch `where` discards.
-    return xp.where(x > 0, x + 1, xp.exp(xp.minimum(x, xp.zeros_like(x))))
+    # elu(x) + 1 = x + 1 for x > 0, exp(x) otherwise. exp only ever sees
+    # [log(smallest_normal), 0], so it neither overflows in the branch `where`
+    # discards nor raises underflow; below that range the value is 0 (it would
+    # be subnormal at most).
+    lo = math.log(xp.finfo(x.dtype).smallest_normal)
+    e = xp.exp(xp.clip(x, lo, 0.0))
+    return xp.where(x > 0, x + 1, xp.where(x > lo, e, xp.zeros_like(x)))
 
 
 def elu_feature_map(x: Array, /) -> Array:
