@@ -19,8 +19,10 @@ __all__ = ["available_backends", "heatmap", "main"]
 _CANDIDATES = ("numpy", "torch", "array_api_strict", "cupy")
 
 
-def available_backends(names: Sequence[str] = _CANDIDATES) -> tuple[list[tuple[str, ModuleType]], list[str]]:
-    """Split ``names`` into importable backends (with their namespaces) and missing ones (with why)."""
+def available_backends(
+    names: Sequence[str] = _CANDIDATES,
+) -> tuple[list[tuple[str, ModuleType]], list[str]]:
+    """Split ``names`` into importable backends (with namespaces) and missing ones (with why)."""
     found, missing = [], []
     for name in names:
         try:
@@ -75,7 +77,9 @@ def _report(name: str, xp: ModuleType, *, color: bool) -> str:
     tokens = chapter.DEMO_TOKENS
     for causal in (True, False):
         w = to_numpy(chapter.demo_weights(tokens, causal=causal, xp=xp))
-        out.append(f"\nWho attends to whom, causal mask {'ON' if causal else 'OFF'} (rows = queries):")
+        out.append(
+            f"\nWho attends to whom, causal mask {'ON' if causal else 'OFF'} (rows = queries):"
+        )
         out.append(heatmap(tokens, w, color=color))
         out.append(chapter.describe_row(tokens, w, 2))
     return "\n".join(out)
@@ -98,7 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     color = not args.no_color and sys.stdout.isatty()
     print("portattn: the single-head chapter, recomputed")
-    print(f"backends: {', '.join(n for n, _ in found)}" + (f"; not available: {', '.join(missing)}" if missing else ""))
+    print(
+        f"backends: {', '.join(n for n, _ in found)}"
+        + (f"; not available: {', '.join(missing)}" if missing else "")
+    )
     for name, xp in found:
         print()
         print(_report(name, xp, color=color))

@@ -5,12 +5,22 @@ from __future__ import annotations
 from typing import Literal
 
 from ._lib._compat import array_namespace
+from ._lib._precision import narrow
 from ._lib._typing import Array, Namespace
 from ._masks import Causal
 from ._problem import Problem, prepare
 from ._softmax import masked_softmax
 
-__all__ = ["Impl", "attention", "attention_weights", "empty_keys", "expand", "lse_from", "run_attention", "weights_impl"]
+__all__ = [
+    "Impl",
+    "attention",
+    "attention_weights",
+    "empty_keys",
+    "expand",
+    "lse_from",
+    "run_attention",
+    "weights_impl",
+]
 
 Impl = Literal["auto", "materialize", "blockwise", "native"]
 _IMPLS = ("auto", "materialize", "blockwise", "native")
@@ -175,15 +185,13 @@ def run_attention(
         from ._native import native_attention
 
         out, lse = native_attention(p, return_lse=return_lse, xp=xp)
-    elif impl == "blockwise" or (
-        impl == "auto" and p.lq * p.lk > _AUTO_MATERIALIZE_MAX_PAIRS
-    ):
+    elif impl == "blockwise" or (impl == "auto" and p.lq * p.lk > _AUTO_MATERIALIZE_MAX_PAIRS):
         from ._blockwise import blockwise_attention
 
         out, lse = blockwise_attention(p, block_size=block_size, xp=xp)
     else:
         out, lse = _materialized(p, xp=xp)
-    out = xp.astype(out, p.out_dtype, copy=False)
+    out = narrow(out, p.out_dtype, xp=xp)
     return (out, lse) if return_lse else out
 
 
@@ -314,5 +322,4 @@ def weights_impl(
     else:
         w, _, _ = _weights(p, xp=xp)
         w = expand(w, (*p.batch, p.lq, p.lk), xp=xp)
-    return xp.astype(w, p.out_dtype, copy=False)
-
+    return narrow(w, p.out_dtype, xp=xp)

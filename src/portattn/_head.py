@@ -94,8 +94,7 @@ class Head:
 
     def __repr__(self) -> str:
         return (
-            f"Head(d_model={self.d_model}, d_head={self.d_head}, "
-            f"dtype={dtype_name(self.wq.dtype)})"
+            f"Head(d_model={self.d_model}, d_head={self.d_head}, dtype={dtype_name(self.wq.dtype)})"
         )
 
     @classmethod
@@ -166,7 +165,7 @@ class Head:
         dtype: DType | None = None,
         device: Device | None = None,
     ) -> Head:
-        """A head whose three projections are the d×d identity: ``Q = K = V = x``.
+        """A head whose three projections are the dxd identity: ``Q = K = V = x``.
 
         Examples
         --------

@@ -53,13 +53,13 @@ def normalize_window(window: int | tuple[int, int] | None) -> tuple[int, int] | 
     else:
         msg = f"expected window to be an int or a (left, right) pair of ints, got {window!r}"
         raise ValueError(msg)
-    left, right = pair
-    for side, value in (("left", left), ("right", right)):
+    sizes = []
+    for side, value in zip(("left", "right"), pair, strict=True):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             msg = f"expected window {side} size to be a non-negative int, got {value!r}"
             raise ValueError(msg)
-    assert isinstance(left, int) and isinstance(right, int)
-    return left, right
+        sizes.append(value)
+    return sizes[0], sizes[1]
 
 
 @dataclass(frozen=True)
@@ -77,9 +77,7 @@ class Structure:
     window: tuple[int, int] | None = None
 
     @classmethod
-    def build(
-        cls, lq: int, lk: int, causal: object, window: tuple[int, int] | None
-    ) -> Structure:
+    def build(cls, lq: int, lk: int, causal: object, window: tuple[int, int] | None) -> Structure:
         """Resolve ``causal=`` and ``window=`` into one structure, refusing to guess alignment."""
         if causal is False or causal is None:
             is_causal, align = False, None
@@ -252,7 +250,9 @@ def window_mask(
     """
     lq, lk = _check_length("lq", lq), _check_length("lk", lk)
     ns = resolve_namespace(xp)
-    s = Structure(lq, lk, _offset(lq, lk, align), causal=bool(causal), window=normalize_window(window))
+    s = Structure(
+        lq, lk, _offset(lq, lk, align), causal=bool(causal), window=normalize_window(window)
+    )
     return s.tile(0, lq, 0, lk, xp=ns, device=device)
 
 
@@ -262,4 +262,3 @@ def length_mask(
     """``positions[start:stop] < lengths``, shaped ``lengths.shape + (stop - start,)``."""
     pos = xp.arange(start, stop, dtype=lengths.dtype, device=device)
     return pos < lengths[..., None]
-

@@ -17,9 +17,9 @@ from ._lib._checks import (
     check_floating,
     check_rank,
     check_same_device,
-    compute_dtype,
     dtype_name,
 )
+from ._lib._precision import compute_dtype
 from ._lib._typing import Array, Device, DType, Namespace
 from ._masks import Structure, length_mask, normalize_window
 
@@ -168,7 +168,10 @@ def prepare(
             check_rank(name, m, 2, f"broadcastable to (..., Lq={lq}, Lk={lk})")
         full = broadcast_shapes([("the scores", (*batch, lq, lk)), (name, tuple(m.shape))])
         if full[-2:] != (lq, lk):
-            msg = f"expected {name} to be broadcastable to (..., {lq}, {lk}), got shape {tuple(m.shape)}"
+            msg = (
+                f"expected {name} to be broadcastable to (..., {lq}, {lk}), "
+                f"got shape {tuple(m.shape)}"
+            )
             raise ValueError(msg)
         batch = full[:-2]
     for name, n in (("key_lengths", key_lengths), ("query_lengths", query_lengths)):

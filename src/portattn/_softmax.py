@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
-from ._lib._checks import check_floating, compute_dtype
+import math
+
+from ._lib._checks import check_floating
 from ._lib._compat import array_namespace, device
+from ._lib._precision import compute_dtype, narrow
 from ._lib._typing import Array, Namespace
 
-__all__ = ["masked_softmax", "softmax"]
+__all__ = ["exp_floor", "masked_softmax", "safe_exp", "softmax"]
+
+
+def exp_floor(dtype: object, *, xp: Namespace) -> float:
+    """Below this exponent a weight is treated as exactly 0.
+
+    ``exp`` of anything smaller would underflow (and raise under
+    ``np.errstate(all="raise")``), and the weight it gives is at least 1e13
+    times smaller than the smallest normal number, far below any precision
+    the result can hold; the margin keeps ``e / sum`` normal as well.
+    """
+    return math.log(float(xp.finfo(dtype).smallest_normal)) + 30.0
+
+
+def safe_exp(z: Array, floor: float, *, xp: Namespace) -> Array:
+    """``exp(z)`` for ``z <= 0``, with ``z < floor`` sent to exactly 0 instead of underflowing."""
+    neg_inf = xp.asarray(-xp.inf, dtype=z.dtype, device=device(z))
+    return xp.exp(xp.where(z < floor, neg_inf, z))
 
 
 def masked_softmax(
@@ -18,14 +38,14 @@ def masked_softmax(
     nothing visible keeps max ``-inf`` internally, is shifted by 0 instead (so
     ``-inf - -inf`` never happens), sums to 0, and comes out as zeros.
     ``max`` and ``sum`` are returned (keepdims) so callers can form the
-    log-sum-exp.
+    log-sum-exp. No floating-point flag is raised, underflow included.
     """
     neg_inf = xp.asarray(-xp.inf, dtype=scores.dtype, device=device(scores))
     if allowed is not None:
         scores = xp.where(allowed, scores, neg_inf)
     row_max = xp.max(scores, axis=-1, keepdims=True)
     shift = xp.where(row_max == neg_inf, xp.zeros_like(row_max), row_max)
-    e = xp.exp(scores - shift)
+    e = safe_exp(scores - shift, exp_floor(scores.dtype, xp=xp), xp=xp)
     total = xp.sum(e, axis=-1, keepdims=True)
     weights = e / xp.where(total > 0, total, xp.ones_like(total))
     return weights, row_max, total
@@ -75,4 +95,4 @@ def softmax(x: Array, /, *, axis: int = -1) -> Array:
     weights, _, _ = masked_softmax(work, None, xp=xp)
     if moved:
         weights = xp.moveaxis(weights, -1, axis)
-    return xp.astype(weights, dtype)
+    return narrow(weights, dtype, xp=xp)

@@ -201,7 +201,8 @@ def permutation_check(
 def _bits(a: np.ndarray) -> np.ndarray:
     """Per-row count of set bits in the raw representation."""
     raw = np.ascontiguousarray(a).view(np.uint8).reshape(a.shape[0], -1)
-    return np.unpackbits(raw, axis=1).sum(axis=1)
+    counts: np.ndarray = np.unpackbits(raw, axis=1).sum(axis=1)
+    return counts
 
 
 def causality_check(
@@ -247,7 +248,10 @@ def causality_check(
 
 def _xor(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     unsigned = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
-    return np.ascontiguousarray(a).view(unsigned) ^ np.ascontiguousarray(b).view(unsigned)
+    diff: np.ndarray = np.bitwise_xor(
+        np.ascontiguousarray(a).view(unsigned), np.ascontiguousarray(b).view(unsigned)
+    )
+    return diff
 
 
 def demo_embeddings(

@@ -32,7 +32,7 @@ def max_relative_error(actual: Array, desired: Array) -> float:
     if a.size == 0:
         return 0.0
     denom = max(float(np.max(np.abs(d))), np.finfo(np.float64).tiny)
-    return float(np.max(np.abs(a - d))) / denom
+    return float(np.max(np.abs(a - d))) / float(denom)
 
 
 def assert_close(
@@ -98,4 +98,3 @@ def _same_dtype(a: DType, b: DType) -> bool:
     if a is None or b is None:
         return a is b
     return bool(a == b)
-

@@ -7,6 +7,7 @@ import numbers
 from collections.abc import Sequence
 
 from ._compat import device
+from ._precision import compute_dtype
 from ._typing import Array, Device, DType, Namespace
 
 __all__ = [
@@ -38,7 +39,9 @@ def check_floating(name: str, x: Array, *, xp: Namespace) -> None:
 def check_bool(name: str, x: Array, *, xp: Namespace) -> None:
     """Raise TypeError unless ``x`` is boolean."""
     if not xp.isdtype(x.dtype, "bool"):
-        msg = f"expected {name} to be a boolean array (True = may attend), got {dtype_name(x.dtype)}"
+        msg = (
+            f"expected {name} to be a boolean array (True = may attend), got {dtype_name(x.dtype)}"
+        )
         if xp.isdtype(x.dtype, "real floating"):
             msg += "; pass additive float masks as bias="
         raise TypeError(msg)
@@ -107,10 +110,3 @@ def broadcast_shapes(named: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[int,
         result = tuple(out)
         so_far.append(name)
     return result
-
-
-def compute_dtype(dtype: DType, *, xp: Namespace) -> DType:
-    """float32 and float64 compute as themselves; anything narrower computes in float32."""
-    if dtype == xp.float64 or dtype == xp.float32:
-        return dtype
-    return xp.float32

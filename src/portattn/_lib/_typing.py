@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, TypeAlias
 
-__all__ = ["Array", "Device", "DType", "Namespace"]
+__all__ = ["Array", "DType", "Device", "Namespace"]
 
 Array: TypeAlias = Any
 DType: TypeAlias = Any

@@ -1,0 +1,31 @@
+"""Which precision to compute in, and how to come back from it without floating-point flags."""
+
+from __future__ import annotations
+
+from ._typing import Array, DType, Namespace
+
+__all__ = ["compute_dtype", "narrow"]
+
+
+def compute_dtype(dtype: DType, *, xp: Namespace) -> DType:
+    """float32 and float64 compute as themselves; anything narrower computes in float32."""
+    if dtype == xp.float64 or dtype == xp.float32:
+        return dtype
+    return xp.float32
+
+
+def narrow(x: Array, dtype: DType, *, xp: Namespace) -> Array:
+    """Cast a float32 result back to ``dtype`` (a no-op when it already is).
+
+    Going to half precision, magnitudes below the target's smallest normal
+    number are flushed to zero first: a cast into the subnormal range raises
+    numpy's underflow flag, and those values carry no precision worth the
+    flag (they are below 6.1e-5 for float16, far under its 1e-3 resolution of
+    an O(1) attention output).
+    """
+    if x.dtype == dtype:
+        return x
+    if xp.finfo(dtype).bits < xp.finfo(x.dtype).bits and xp.finfo(dtype).bits <= 16:
+        tiny = float(xp.finfo(dtype).smallest_normal)
+        x = xp.where(xp.abs(x) < tiny, xp.zeros_like(x), x)
+    return xp.astype(x, dtype)

@@ -1,0 +1,72 @@
+"""A float64 NumPy reference written for clarity, independently of portattn's code paths.
+
+Masks are built with explicit loops over (i, j) so that the alignment rules
+are spelled out once more, differently from ``portattn._masks``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def allowed_pairs(
+    lq: int,
+    lk: int,
+    *,
+    causal: bool | str = False,
+    window: int | tuple[int, int] | None = None,
+    align: str = "top_left",
+) -> np.ndarray:
+    """(lq, lk) boolean: may query i attend to key j."""
+    if isinstance(window, int):
+        window = (window, window)
+    offset = lk - lq if "bottom_right" in (causal, align) else 0
+    out = np.ones((lq, lk), dtype=bool)
+    for i in range(lq):
+        for j in range(lk):
+            aligned = i + offset
+            if causal and j > aligned:
+                out[i, j] = False
+            if window is not None and not (aligned - window[0] <= j <= aligned + window[1]):
+                out[i, j] = False
+    return out
+
+
+def attention_ref(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    causal: bool | str = False,
+    scale: float | None = None,
+    window: int | tuple[int, int] | None = None,
+    key_lengths: np.ndarray | None = None,
+    query_lengths: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return (output, weights) in float64."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    s = (q @ np.swapaxes(k, -1, -2)) * (1 / np.sqrt(d) if scale is None else scale)
+    if bias is not None:
+        s = s + np.asarray(bias, dtype=np.float64)
+    ok = np.broadcast_to(allowed_pairs(lq, lk, causal=causal, window=window), s.shape)
+    if mask is not None:
+        ok = ok & mask
+    if key_lengths is not None:
+        ok = ok & (np.arange(lk) < np.asarray(key_lengths)[..., None, None])
+    if query_lengths is not None:
+        ok = ok & (np.arange(lq)[:, None] < np.asarray(query_lengths)[..., None, None])
+    ok = ok & (s > -np.inf)  # a -inf bias hides a pair too
+    s, ok = np.broadcast_arrays(s, ok)
+    w = np.zeros(s.shape)
+    if lk == 0:
+        return w @ v, w
+    flat_s, flat_ok, flat_w = s.reshape(-1, lk), ok.reshape(-1, lk), w.reshape(-1, lk)
+    for r in range(flat_s.shape[0]):
+        if flat_ok[r].any():
+            row = flat_s[r][flat_ok[r]]
+            e = np.exp(row - row.max())
+            flat_w[r][flat_ok[r]] = e / e.sum()
+    return w @ v, w

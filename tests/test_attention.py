@@ -1,0 +1,322 @@
+"""attention / attention_weights against the float64 reference, on every backend and both paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import portattn as pa
+from portattn._lib import _compat
+from portattn.testing import assert_close, to_numpy
+
+from conftest import Backend, rtol_for
+from reference import attention_ref
+
+# Every semantic test runs on the materialising path and on the blockwise
+# path with blocks that do not divide the lengths, so tiles are ragged.
+IMPLS = [
+    pytest.param({"impl": "materialize"}, id="materialize"),
+    pytest.param({"impl": "blockwise", "block_size": (3, 4)}, id="blockwise"),
+]
+
+LQ, LK, D, DV = 7, 9, 5, 6
+
+
+def _qkv(rng, lq=LQ, lk=LK, batch=(2, 3)):
+    return (
+        rng.standard_normal((*batch, lq, D)),
+        rng.standard_normal((*batch, lk, D)),
+        rng.standard_normal((*batch, lk, DV)),
+    )
+
+
+def _options(rng, name):
+    """Named combinations of options, as (portattn kwargs, reference kwargs, lq, lk)."""
+    mask = rng.random((LQ, LK)) < 0.7
+    bias = rng.standard_normal((3, LQ, LK))
+    kl = np.array([[9], [4]])  # (2, 1): per batch entry, broadcast over heads
+    ql = np.array([[7], [3]])
+    square = LK
+    table = {
+        "plain": ({}, LQ, LK),
+        "mask": ({"mask": mask}, LQ, LK),
+        "bias": ({"bias": bias}, LQ, LK),
+        "scale": ({"scale": 0.37}, LQ, LK),
+        "causal_true": ({"causal": True}, square, square),
+        "top_left": ({"causal": "top_left"}, LQ, LK),
+        "bottom_right": ({"causal": "bottom_right"}, LQ, LK),
+        "bottom_right_lq_gt_lk": ({"causal": "bottom_right"}, LK, LQ),
+        "window": ({"window": (2, 1)}, square, square),
+        "window_causal": ({"window": (3, 0), "causal": True}, square, square),
+        "window_bottom_right": ({"window": 2, "causal": "bottom_right"}, LQ, LK),
+        "key_lengths": ({"key_lengths": kl}, LQ, LK),
+        "query_lengths": ({"query_lengths": ql}, LQ, LK),
+        "all_combined": (
+            {"mask": mask, "bias": bias, "causal": "bottom_right", "scale": 0.5, "key_lengths": kl},
+            LQ,
+            LK,
+        ),
+    }
+    return table[name]
+
+
+OPTION_NAMES = [
+    "plain",
+    "mask",
+    "bias",
+    "scale",
+    "causal_true",
+    "top_left",
+    "bottom_right",
+    "bottom_right_lq_gt_lk",
+    "window",
+    "window_causal",
+    "window_bottom_right",
+    "key_lengths",
+    "query_lengths",
+    "all_combined",
+]
+
+
+def _on(backend: Backend, kwargs: dict, dtype=None) -> dict:
+    out = {}
+    for key, val in kwargs.items():
+        if isinstance(val, np.ndarray):
+            is_float = val.dtype.kind == "f"
+            out[key] = backend.asarray(val, dtype if is_float else None)
+        else:
+            out[key] = val
+    return out
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("name", OPTION_NAMES)
+def test_matches_float64_reference(backend: Backend, rng, impl, name):
+    xp = backend.xp
+    opts, lq, lk = _options(rng, name)
+    q, k, v = _qkv(rng, lq, lk)
+    for dtype in backend.float_dtypes:
+        got = pa.attention(
+            backend.asarray(q, dtype),
+            backend.asarray(k, dtype),
+            backend.asarray(v, dtype),
+            **_on(backend, opts, dtype),
+            **impl,
+        )
+        want, _ = attention_ref(q, k, v, **opts)
+        assert_close(
+            got,
+            want,
+            rtol=rtol_for(backend, dtype),
+            xp=xp,
+            dtype=dtype,
+            device=backend.device,
+            shape=(2, 3, lq, DV),
+        )
+
+
+@pytest.mark.parametrize("name", OPTION_NAMES)
+def test_weights_match_reference(backend: Backend, rng, name):
+    opts, lq, lk = _options(rng, name)
+    q, k, _ = _qkv(rng, lq, lk)
+    got = pa.attention_weights(backend.asarray(q), backend.asarray(k), **_on(backend, opts))
+    _, want = attention_ref(q, k, np.zeros((*k.shape[:-1], 1)), **opts)
+    assert_close(got, want, rtol=1e-12, xp=backend.xp, dtype=backend.xp.float64)
+    sums = to_numpy(got).sum(axis=-1)
+    assert np.all((np.abs(sums - 1) < 1e-12) | (sums == 0))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_leading_dimensions_broadcast(backend: Backend, rng, impl):
+    q = rng.standard_normal((4, 1, LQ, D))
+    k = rng.standard_normal((3, LK, D))
+    v = rng.standard_normal((1, LK, DV))
+    got = pa.attention(*(backend.asarray(a) for a in (q, k, v)), **impl)
+    want, _ = attention_ref(q, k, v)
+    assert_close(got, want, rtol=1e-12, shape=(4, 3, LQ, DV), xp=backend.xp)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fully_masked_rows_give_zero_without_warnings(backend: Backend, rng, impl):
+    q, k, v = _qkv(rng)
+    mask = rng.random((LQ, LK)) < 0.5
+    mask[2] = False
+    bias = np.zeros((LQ, LK))
+    bias[4] = -np.inf  # a row hidden through the bias alone
+    with np.errstate(all="raise"):
+        out, lse = pa.attention(
+            *(backend.asarray(a) for a in (q, k, v)),
+            mask=backend.asarray(mask),
+            bias=backend.asarray(bias),
+            return_lse=True,
+            **impl,
+        )
+        w = pa.attention_weights(
+            backend.asarray(q),
+            backend.asarray(k),
+            mask=backend.asarray(mask),
+            bias=backend.asarray(bias),
+        )
+    out, lse, w = to_numpy(out), to_numpy(lse), to_numpy(w)
+    assert not np.isnan(out).any()
+    assert np.all(out[..., 2, :] == 0)
+    assert np.all(out[..., 4, :] == 0)
+    assert np.all(w[..., [2, 4], :] == 0)
+    assert np.all(lse[..., [2, 4]] == -np.inf)
+    want, _ = attention_ref(q, k, v, mask=mask, bias=bias)
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_empty_keys_give_zero(backend: Backend, rng, impl):
+    q = backend.asarray(rng.standard_normal((2, LQ, D)))
+    k = backend.asarray(np.zeros((2, 0, D)))
+    v = backend.asarray(np.zeros((2, 0, DV)))
+    with np.errstate(all="raise"):
+        out = pa.attention(q, k, v, **impl)
+        w = pa.attention_weights(q, k)
+    assert tuple(out.shape) == (2, LQ, DV)
+    assert tuple(w.shape) == (2, LQ, 0)
+    assert np.all(to_numpy(out) == 0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_large_finite_scores_do_not_overflow(backend: Backend, rng, impl):
+    xp = backend.xp
+    q = rng.standard_normal((LQ, D)) * 1e18  # scores near 1e36, the float32 limit is 3.4e38
+    k = rng.standard_normal((LK, D)) * 1e18
+    v = rng.standard_normal((LK, DV))
+    with np.errstate(all="raise"):
+        got = pa.attention(*(backend.asarray(a, xp.float32) for a in (q, k, v)), **impl)
+    want, _ = attention_ref(q, k, v)
+    assert_close(got, want, rtol=1e-5, dtype=xp.float32)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_inputs_are_not_mutated(backend: Backend, rng, impl):
+    q, k, v = _qkv(rng)
+    mask = rng.random((LQ, LK)) < 0.8
+    bias = rng.standard_normal((LQ, LK))
+    arrays = [backend.asarray(a) for a in (q, k, v, mask, bias)]
+    before = [to_numpy(a) for a in arrays]
+    pa.attention(
+        *arrays[:3],
+        mask=arrays[3],
+        bias=arrays[4],
+        causal=True if LQ == LK else "bottom_right",
+        **impl,
+    )
+    pa.attention_weights(arrays[0], arrays[1], mask=arrays[3], bias=arrays[4])
+    for a, b in zip(arrays, before, strict=True):
+        np.testing.assert_array_equal(to_numpy(a), b)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_same_call_twice_is_bit_identical(backend: Backend, rng, impl):
+    args = [backend.asarray(a, backend.xp.float32) for a in _qkv(rng)]
+    a = to_numpy(pa.attention(*args, causal="bottom_right", **impl))
+    b = to_numpy(pa.attention(*args, causal="bottom_right", **impl))
+    assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("causal", [True, "top_left", "bottom_right"])
+@pytest.mark.parametrize("factor", [-3.0, 1e6])
+def test_causality_is_bit_exact(backend: Backend, rng, impl, causal, factor):
+    lq = LK if causal is True else LQ
+    q, k, v = _qkv(rng, lq, LK)
+    offset = LK - lq if causal == "bottom_right" else 0
+    for dtype in backend.float_dtypes:
+        if factor > 1e4 and dtype not in (backend.xp.float32, backend.xp.float64):
+            continue  # 1e6 times a normal draw is not representable in half precision
+        base = pa.attention(*(backend.asarray(a, dtype) for a in (q, k, v)), causal=causal, **impl)
+        for t in range(1, LK):  # rewrite every key/value position >= t
+            k2, v2 = k.copy(), v.copy()
+            k2[..., t:, :] *= factor
+            v2[..., t:, :] *= factor
+            out = pa.attention(
+                backend.asarray(q, dtype),
+                backend.asarray(k2, dtype),
+                backend.asarray(v2, dtype),
+                causal=causal,
+                **impl,
+            )
+            rows = max(0, min(lq, t - offset))  # queries that only see keys < t
+            a, b = to_numpy(base)[..., :rows, :], to_numpy(out)[..., :rows, :]
+            assert a.tobytes() == b.tobytes(), (dtype, t)
+            if rows < lq:
+                assert (
+                    to_numpy(base)[..., rows:, :].tobytes()
+                    != to_numpy(out)[..., rows:, :].tobytes()
+                )
+
+
+def test_one_namespace_lookup_per_public_call(backend: Backend, rng, monkeypatch):
+    calls = []
+    real = _compat.array_namespace
+
+    def counting(*arrays):
+        calls.append(len(arrays))
+        return real(*arrays)
+
+    monkeypatch.setattr(_compat, "array_namespace", counting)
+    for module in ("_attention", "_softmax", "_head"):
+        monkeypatch.setattr(f"portattn.{module}.array_namespace", counting)
+    q, k, v = (backend.asarray(a) for a in _qkv(rng))
+    head = pa.Head.random(D, 3, xp=backend.xp, device=backend.device, dtype=backend.xp.float64)
+    calls_expected = [
+        lambda: pa.attention(q, k, v, mask=backend.asarray(np.ones((LQ, LK), bool))),
+        lambda: pa.attention(q, k, v, impl="blockwise", block_size=2),
+        lambda: pa.attention_weights(q, k),
+        lambda: pa.softmax(q),
+        lambda: head(q),
+        lambda: head.weights(q, causal=True),
+        lambda: head.scores(q),
+    ]
+    for call in calls_expected:
+        calls.clear()
+        call()
+        assert len(calls) == 1
+
+
+def test_dtype_and_namespace_follow_inputs(backend: Backend, rng):
+    xp = backend.xp
+    q, k, v = _qkv(rng)
+    for dtype in backend.float_dtypes:
+        out = pa.attention(*(backend.asarray(a, dtype) for a in (q, k, v)))
+        assert out.dtype == dtype
+        assert _compat.array_namespace(out) is xp
+        assert _compat.device(out) == backend.device
+    mixed = pa.attention(
+        backend.asarray(q, xp.float32),
+        backend.asarray(k, xp.float64),
+        backend.asarray(v, xp.float32),
+    )
+    assert mixed.dtype == xp.float64  # standard type promotion, as in xp.result_type
+
+
+def test_half_precision_is_computed_in_float32(backend: Backend, rng):
+    """Half inputs whose float16 scores would overflow still work: scores live in float32."""
+    # The standard defines no half precision, so array_api_strict alone has none.
+    assert backend.half_dtypes or backend.name == "array_api_strict"
+    q = rng.standard_normal((LQ, 64)) * 40
+    k = rng.standard_normal((LK, 64)) * 40
+    v = rng.standard_normal((LK, DV))
+    for dtype in backend.half_dtypes:
+        qh, kh, vh = (backend.asarray(a, dtype) for a in (q, k, v))
+        got = pa.attention(qh, kh, vh)
+        exact = [to_numpy(a).astype(np.float64) for a in (qh, kh, vh)]
+        want, _ = attention_ref(*exact)
+        assert_close(got, want, rtol=1e-2, dtype=dtype)
+
+
+def test_float64_stays_float64(backend: Backend, rng):
+    """A float64-only difference: 1 + 1e-12 survives end to end."""
+    xp = backend.xp
+    v = np.ones((2, 3))
+    v[1] += 1e-12
+    q = np.zeros((1, 2))
+    k = np.zeros((2, 2))
+    out = pa.attention(*(backend.asarray(a, xp.float64) for a in (q, k, v)))
+    assert out.dtype == xp.float64
+    assert to_numpy(out)[0, 0] == (1 + (1 + 1e-12)) / 2

@@ -1,0 +1,213 @@
+"""The bad-input table: one test per row, each checking the message names expected and got."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import portattn as pa
+
+from conftest import Backend
+
+
+@pytest.fixture
+def qkv(backend: Backend, rng):
+    return (
+        backend.asarray(rng.standard_normal((2, 4, 3))),
+        backend.asarray(rng.standard_normal((2, 5, 3))),
+        backend.asarray(rng.standard_normal((2, 5, 6))),
+    )
+
+
+# --- TypeError ---------------------------------------------------------------
+
+
+def test_arrays_from_two_libraries_name_both(backend: Backend, qkv):
+    q, k, _ = qkv
+    other = np.asarray(np.ones((2, 5, 6)))
+    if backend.name.startswith("numpy"):
+        torch = pytest.importorskip("torch", reason="needs a second library to mix with numpy")
+        other = torch.ones((2, 5, 6), dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"one library, got arrays from \w+ and \w+"):
+        pa.attention(q, k, other)
+
+
+@pytest.mark.parametrize("kind", ["int", "bool", "complex"])
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_non_floating_inputs(backend: Backend, qkv, kind, which):
+    xp = backend.xp
+    if kind == "complex" and not hasattr(xp, "complex128"):
+        pytest.skip(f"{backend.name} has no complex dtype")
+    dtype = {"int": xp.int64, "bool": xp.bool, "complex": getattr(xp, "complex128", None)}[kind]
+    args = list(qkv)
+    args[which] = xp.astype(args[which], dtype)
+    name = ("query", "key", "value")[which]
+    with pytest.raises(
+        TypeError, match=rf"expected {name} to have a real floating dtype, got \w*{kind}"
+    ):
+        pa.attention(*args)
+
+
+def test_non_boolean_mask(backend: Backend, qkv):
+    q, k, v = qkv
+    with pytest.raises(TypeError, match=r"expected mask to be a boolean.*got float64.*bias="):
+        pa.attention(q, k, v, mask=backend.asarray(np.ones((4, 5))))
+
+
+def test_non_floating_bias(backend: Backend, qkv):
+    q, k, v = qkv
+    with pytest.raises(TypeError, match=r"expected bias to have a real floating dtype, got bool"):
+        pa.attention(q, k, v, bias=backend.asarray(np.ones((4, 5), dtype=bool)))
+
+
+def test_non_integer_lengths(backend: Backend, qkv):
+    q, k, v = qkv
+    with pytest.raises(TypeError, match=r"expected key_lengths to be an integer array.*got float"):
+        pa.attention(q, k, v, key_lengths=backend.asarray(np.array([3.0, 4.0])))
+
+
+def test_not_an_array(backend: Backend, qkv):
+    q, k, _ = qkv
+    with pytest.raises(TypeError, match=r"expected arrays .* got builtins.list"):
+        pa.attention(q, k, [[1.0]])
+
+
+# --- ValueError --------------------------------------------------------------
+
+
+def test_rank_below_two(backend: Backend, qkv):
+    q, k, v = qkv
+    with pytest.raises(
+        ValueError, match=r"expected query to have at least 2 dimensions.*got shape \(3,\)"
+    ):
+        pa.attention(q[0, 0, ...], k, v)
+
+
+def test_feature_sizes_differ(backend: Backend, rng, qkv):
+    q, _, v = qkv
+    k = backend.asarray(rng.standard_normal((2, 5, 4)))
+    with pytest.raises(
+        ValueError, match=r"expected key to have feature size d=3.*got key shape \(2, 5, 4\)"
+    ):
+        pa.attention(q, k, v)
+
+
+def test_key_and_value_lengths_differ(backend: Backend, rng, qkv):
+    q, k, _ = qkv
+    v = backend.asarray(rng.standard_normal((2, 6, 6)))
+    with pytest.raises(
+        ValueError, match=r"expected value to have Lk=5 rows.*got value shape \(2, 6, 6\)"
+    ):
+        pa.attention(q, k, v)
+
+
+@pytest.mark.parametrize("name", ["mask", "bias"])
+@pytest.mark.parametrize("shape", [(4, 6), (3, 4, 5), (5,)])
+def test_mask_or_bias_not_broadcastable(backend: Backend, qkv, name, shape):
+    q, k, v = qkv
+    arr = np.ones(shape, dtype=bool if name == "mask" else np.float64)
+    with pytest.raises(ValueError, match=rf"expected {name} to .*got shape"):
+        pa.attention(q, k, v, **{name: backend.asarray(arr)})
+
+
+def test_causal_true_with_lq_ne_lk_names_both_choices(qkv):
+    q, k, v = qkv
+    with pytest.raises(ValueError, match=r"Lq=4, Lk=5.*'top_left'.*'bottom_right'"):
+        pa.attention(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("causal", ["lower", "bottom-right", 1, 2.5])
+def test_unknown_causal(qkv, causal):
+    q, k, v = qkv
+    with pytest.raises(
+        ValueError, match=r"expected causal to be False, True, 'top_left' or 'bottom_right'"
+    ):
+        pa.attention(q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.5", True])
+def test_scale_not_finite_number(qkv, scale):
+    q, k, v = qkv
+    with pytest.raises(ValueError, match=r"expected scale to be a finite real number"):
+        pa.attention(q, k, v, scale=scale)
+
+
+def test_arrays_on_different_devices(backend: Backend, qkv):
+    q, k, v = qkv
+    xp = backend.xp
+    if backend.name == "array_api_strict":
+        other = xp.asarray(v, device=xp.Device("device1"))
+    elif backend.name == "torch":
+        other = v.to("meta")
+    elif backend.name in ("torch_cuda", "cupy"):
+        other = backend.xp.asarray(v, device="cpu") if backend.name == "torch_cuda" else None
+        if other is None:
+            pytest.skip("cupy arrays live on GPUs only; a second GPU is absent")
+    else:
+        pytest.skip(f"{backend.name} has a single device (cpu); no second device to mix")
+    with pytest.raises(
+        ValueError, match=r"different devices: expected all on the device of query.*got value on"
+    ):
+        pa.attention(q, k, other)
+
+
+@pytest.mark.parametrize("window", [-1, (2, -1), (1, 2, 3), 1.5])
+def test_bad_window(qkv, window):
+    q, _, _ = qkv
+    with pytest.raises(ValueError, match=r"expected window"):
+        pa.attention(q, q, q, window=window)
+
+
+def test_window_with_lq_ne_lk_needs_alignment(qkv):
+    q, k, v = qkv
+    with pytest.raises(ValueError, match=r"window with Lq != Lk is ambiguous"):
+        pa.attention(q, k, v, window=2)
+
+
+def test_unknown_impl(qkv):
+    q, k, v = qkv
+    with pytest.raises(ValueError, match=r"expected impl to be one of .* got 'fast'"):
+        pa.attention(q, k, v, impl="fast")
+
+
+@pytest.mark.parametrize("block_size", [0, (4, 0), -2, (1, 2, 3)])
+def test_bad_block_size(qkv, block_size):
+    q, k, v = qkv
+    with pytest.raises(ValueError, match=r"expected block_size"):
+        pa.attention(q, k, v, impl="blockwise", block_size=block_size)
+
+
+def test_causal_mask_bad_arguments():
+    with pytest.raises(ValueError, match=r"expected align"):
+        pa.causal_mask(2, 3, align="middle")
+    with pytest.raises(ValueError, match=r"expected lq to be a non-negative int, got -1"):
+        pa.causal_mask(-1, 3)
+
+
+def test_softmax_rejects_integers(backend: Backend):
+    with pytest.raises(TypeError, match=r"expected x to have a real floating dtype, got int64"):
+        pa.softmax(backend.asarray(np.arange(3)))
+
+
+def test_head_errors(backend: Backend, rng):
+    xp = backend.xp
+    w = backend.asarray(rng.standard_normal((4, 2)))
+    with pytest.raises(ValueError, match=r"share one shape.*\(4, 2\), \(4, 2\) and \(4, 3\)"):
+        pa.Head(w, w, backend.asarray(rng.standard_normal((4, 3))))
+    with pytest.raises(
+        ValueError, match=r"expected wq to have shape \(d_model, d_head\), got shape \(4,\)"
+    ):
+        pa.Head(w[:, 0], w[:, 0], w[:, 0])
+    head = pa.Head(w, w, w)
+    with pytest.raises(
+        ValueError, match=r"expected x to have shape \(\.\.\., seq, d_model=4\), got shape \(3, 5\)"
+    ):
+        head(backend.asarray(rng.standard_normal((3, 5))))
+    with pytest.raises(TypeError, match=r"expected dtype to be a real floating dtype"):
+        pa.Head.random(4, 2, xp=xp, dtype=xp.int64)
+    with pytest.raises(ValueError, match=r"expected d_model to be a positive int, got 0"):
+        pa.Head.random(0, 2, xp=xp)
+    import json
+
+    with pytest.raises(TypeError, match=r"expected xp to be .* got module 'json'"):
+        pa.Head.random(4, 2, xp=json)

@@ -1,0 +1,64 @@
+"""softmax, causal_mask and window_mask."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import portattn as pa
+from portattn.testing import assert_close, to_numpy
+
+from conftest import Backend
+from reference import allowed_pairs
+
+
+def test_softmax_matches_definition(backend: Backend, rng):
+    x = rng.standard_normal((3, 4, 5)) * 10
+    for axis in (-1, 0, 1):
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        want = e / e.sum(axis=axis, keepdims=True)
+        for dtype in backend.float_dtypes:
+            got = pa.softmax(backend.asarray(x, dtype), axis=axis)
+            tol = (
+                1e-12
+                if dtype == backend.xp.float64
+                else 1e-2
+                if dtype not in (backend.xp.float32,)
+                else 1e-6
+            )
+            assert_close(got, want, rtol=tol, dtype=dtype, xp=backend.xp)
+
+
+def test_softmax_edge_rows(backend: Backend):
+    x = np.array([[-np.inf, -np.inf, -np.inf], [1e30, 1e30, -np.inf], [0.0, -np.inf, 5.0]])
+    with np.errstate(all="raise"):
+        got = to_numpy(pa.softmax(backend.asarray(x)))
+    np.testing.assert_array_equal(got[0], 0)
+    np.testing.assert_array_equal(got[1], [0.5, 0.5, 0])
+    np.testing.assert_allclose(got[2], [1 / (1 + np.exp(5)), 0, 1 / (1 + np.exp(-5))], rtol=1e-14)
+    empty = pa.softmax(backend.asarray(np.zeros((2, 0))))
+    assert tuple(empty.shape) == (2, 0)
+
+
+def test_softmax_bad_axis(backend: Backend):
+    with pytest.raises(ValueError, match=r"expected axis to be an int in \[-2, 2\), got 2"):
+        pa.softmax(backend.asarray(np.zeros((2, 2))), axis=2)
+
+
+@pytest.mark.parametrize(("lq", "lk"), [(4, 4), (3, 7), (7, 3), (0, 2), (1, 1)])
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_causal_mask(backend: Backend, lq, lk, align):
+    got = pa.causal_mask(lq, lk, align=align, xp=backend.xp, device=backend.device)
+    assert got.dtype == backend.xp.bool
+    np.testing.assert_array_equal(to_numpy(got), allowed_pairs(lq, lk, causal=align))
+
+
+@pytest.mark.parametrize("window", [0, 2, (1, 0), (0, 3)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_window_mask(backend: Backend, window, causal):
+    w = (window, window) if isinstance(window, int) else window
+    got = pa.window_mask(6, 6, window=window, causal=causal, xp=backend.xp, device=backend.device)
+    np.testing.assert_array_equal(to_numpy(got), allowed_pairs(6, 6, causal=causal, window=w))
+    got_br = pa.window_mask(3, 6, window=window, causal=causal, xp=backend.xp)
+    want_br = allowed_pairs(3, 6, causal=causal, window=w, align="bottom_right")
+    np.testing.assert_array_equal(to_numpy(got_br), want_br)
