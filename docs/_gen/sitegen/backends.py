@@ -1,0 +1,284 @@
+"""Which array libraries this build can see, and how closely each agrees with a float64 reference.
+
+Run while the site builds, in whatever environment builds it: a backend that
+is missing here is listed as missing, with the reason, never left out.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+import portattn as pa
+from portattn.testing import max_relative_error
+
+
+@dataclass
+class Backend:
+    """One library on one device, or the reason it is not here."""
+
+    name: str
+    device_label: str
+    package: str  # distribution whose version is reported
+    dtypes: tuple[str, ...] = ()
+    xp: Any = None
+    device: Any = None
+    missing: str | None = None
+    convert: Callable[[np.ndarray, Any], Any] = field(default=lambda a, dt: a, repr=False)
+
+    @property
+    def version(self) -> str:
+        try:
+            return importlib.metadata.version(self.package)
+        except importlib.metadata.PackageNotFoundError:
+            return "—"
+
+
+def _import(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+@cache
+def discover() -> tuple[Backend, ...]:
+    """Every backend portattn knows, present or not, in a fixed order."""
+    out: list[Backend] = []
+
+    import array_api_compat.numpy as np_xp
+
+    out.append(
+        Backend("NumPy", "CPU", "numpy", ("float16", "float32", "float64"), xp=np_xp,
+                convert=lambda a, dt: np.asarray(a, dtype=dt))
+    )
+
+    torch = _import("torch")
+    if torch is None:
+        out.append(Backend("PyTorch", "CPU", "torch", missing="not installed"))
+        out.append(Backend("PyTorch", "CUDA", "torch", missing="not installed"))
+    else:
+        import array_api_compat.torch as torch_xp
+
+        def to_torch(device: str) -> Callable[[np.ndarray, Any], Any]:
+            return lambda a, dt: torch.asarray(a, device=device).to(getattr(torch, dt))
+
+        dts = ("float16", "bfloat16", "float32", "float64")
+        out.append(Backend("PyTorch", "CPU", "torch", dts, xp=torch_xp, device="cpu",
+                           convert=to_torch("cpu")))
+        if torch.cuda.is_available():
+            out.append(Backend("PyTorch", "CUDA", "torch", dts, xp=torch_xp, device="cuda",
+                               convert=to_torch("cuda")))
+        else:
+            out.append(Backend("PyTorch", "CUDA", "torch", missing="no CUDA device here"))
+
+    cupy = _import("cupy")
+    if cupy is None:
+        out.append(Backend("CuPy", "CUDA", "cupy-cuda12x", missing="not installed"))
+    else:
+        try:
+            n = cupy.cuda.runtime.getDeviceCount()
+        except Exception:  # noqa: BLE001  (no driver is an exception, not a count)
+            n = 0
+        if n:
+            import array_api_compat.cupy as cupy_xp
+
+            out.append(Backend("CuPy", "CUDA", "cupy-cuda12x", ("float16", "float32", "float64"),
+                               xp=cupy_xp, convert=lambda a, dt: cupy.asarray(a, dtype=dt)))
+        else:
+            out.append(Backend("CuPy", "CUDA", "cupy-cuda12x", missing="no CUDA device here"))
+
+    strict = _import("array_api_strict")
+    if strict is None:
+        out.append(Backend("array-api-strict", "CPU", "array-api-strict", missing="not installed"))
+    else:
+        out.append(
+            Backend("array-api-strict", "CPU", "array-api-strict", ("float32", "float64"),
+                    xp=strict,
+                    convert=lambda a, dt: strict.asarray(a, dtype=getattr(strict, dt)))
+        )
+
+    jnp = _import("jax.numpy")
+    if jnp is None:
+        out.append(Backend("JAX", "CPU", "jax", missing="not installed (optional)"))
+    else:
+        dts = ["float16", "bfloat16", "float32"]
+        import jax
+
+        if jax.config.read("jax_enable_x64"):
+            dts.append("float64")
+        out.append(Backend("JAX", "CPU", "jax", tuple(dts), xp=jnp,
+                           convert=lambda a, dt: jnp.asarray(a, dtype=getattr(jnp, dt))))
+    return tuple(out)
+
+
+# Sizes small enough for a docs build, large enough to exercise broadcasting,
+# the causal triangle and several key blocks of the blockwise path.
+SHAPE = {"batch": 2, "lq": 24, "lk": 24, "d": 16, "dv": 8}
+BLOCK = (8, 8)
+
+
+def _rounded(a: np.ndarray, dtype: str) -> np.ndarray:
+    """``a`` rounded to ``dtype`` and back to float64, so the reference sees the same inputs."""
+    if dtype == "bfloat16":
+        import ml_dtypes  # ships with JAX; only used when a bfloat16 backend is present
+
+        return a.astype(ml_dtypes.bfloat16).astype(np.float64)
+    return a.astype(dtype).astype(np.float64)
+
+
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool) -> np.ndarray:
+    """The textbook formula in float64 NumPy, written independently of portattn."""
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], dtype=bool)), s, -np.inf)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)) @ v
+
+
+CHECKS = (
+    ("no mask", {"causal": False}),
+    ("causal", {"causal": True}),
+    ("causal, blockwise", {"causal": True, "impl": "blockwise", "block_size": BLOCK}),
+)
+
+
+@cache
+def agreement() -> tuple[tuple[Backend, str | None, dict[str, float | str]], ...]:
+    """``(backend, dtype, {check: max relative error})`` per backend and dtype.
+
+    A check that raises is reported with the exception's type in place of
+    the error, so the table shows the failure instead of hiding the backend.
+    """
+    rng = np.random.Generator(np.random.PCG64(2017))
+    b, lq, lk, d, dv = (SHAPE[k] for k in ("batch", "lq", "lk", "d", "dv"))
+    base = {
+        "q": rng.standard_normal((b, lq, d)),
+        "k": rng.standard_normal((b, lk, d)),
+        "v": rng.standard_normal((b, lk, dv)),
+    }
+    rows: list[tuple[Backend, str | None, dict[str, float | str]]] = []
+    for be in discover():
+        if be.missing:
+            rows.append((be, None, {}))
+            continue
+        for dt in be.dtypes:
+            exact = {n: _rounded(a, dt) for n, a in base.items()}
+            q, k, v = (be.convert(exact[n], dt) for n in ("q", "k", "v"))
+            errors: dict[str, float | str] = {}
+            for label, kwargs in CHECKS:
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        out = pa.attention(q, k, v, **kwargs)
+                except Exception as exc:  # noqa: BLE001  (shown in the table, not hidden)
+                    errors[label] = f"fails: `{type(exc).__name__}`"
+                    continue
+                want = reference(exact["q"], exact["k"], exact["v"], causal=kwargs["causal"])
+                errors[label] = max_relative_error(out, want)
+            rows.append((be, dt, errors))
+    return tuple(rows)
+
+
+EPS = {
+    "float16": float(np.finfo(np.float16).eps),
+    "bfloat16": 2.0**-7,
+    "float32": float(np.finfo(np.float32).eps),
+    "float64": float(np.finfo(np.float64).eps),
+}
+
+
+def agreement_markdown() -> str:
+    """The agreement table: maximum relative error against float64 per backend and dtype."""
+    head = "| backend | device | version | dtype | " + " | ".join(c for c, _ in CHECKS)
+    head += " | worst, in eps of the dtype |"
+    lines = [head, "|---|---|---|---|" + "---:|" * (len(CHECKS) + 1)]
+    for be, dt, errors in agreement():
+        if dt is None:
+            blank = " | ".join("—" for _ in CHECKS)
+            lines.append(
+                f"| {be.name} | {be.device_label} | {be.version} | **not present**: "
+                f"{be.missing} | {blank} | — |"
+            )
+            continue
+        cells = " | ".join(
+            e if isinstance(e, str) else f"{e:.1e}" for e in (errors[c] for c, _ in CHECKS)
+        )
+        measured = [e for e in errors.values() if not isinstance(e, str)]
+        worst = f"{max(measured) / EPS[dt]:.2g}" if measured else "—"
+        lines.append(
+            f"| {be.name} | {be.device_label} | {be.version} | `{dt}` | {cells} | {worst} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def support_markdown() -> str:
+    """The home page's support matrix: what portattn supports, and what this build found."""
+    nox_session = {
+        "NumPy": "`tests-numpy`",
+        "PyTorch": "`tests-torch`",
+        "array-api-strict": "`tests-strict`",
+        "CuPy": "`tests-cupy`",
+        "JAX": "not in the test matrix",
+    }
+    lines = [
+        "| library | device | dtypes | tested by | in the build of this site |",
+        "|---|---|---|---|---|",
+    ]
+    for be in discover():
+        session = nox_session[be.name]
+        if be.name == "PyTorch" and be.device_label == "CUDA":
+            session = "`tests-torch-cuda`"
+        if be.missing:
+            here = f"not present ({be.missing})"
+            dts = "—"
+        else:
+            here = f"{be.version}"
+            dts = ", ".join(be.dtypes)
+        lines.append(f"| {be.name} | {be.device_label} | {dts} | {session} | {here} |")
+    return "\n".join(lines) + "\n"
+
+
+def permutation_rows() -> list[tuple[str, str, Any]]:
+    """``(backend, dtype, PermutationReport)`` for every present CPU backend in float32/64."""
+    from portattn import chapter
+
+    out = []
+    for be in discover():
+        if be.missing or be.device_label != "CPU":
+            continue
+        for dt in ("float32", "float64"):
+            if dt not in be.dtypes:
+                continue
+            dtype = getattr(be.xp, dt)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out.append((be.name, dt, chapter.permutation_check(xp=be.xp, dtype=dtype)))
+    return out
+
+
+
+def worst_in_eps() -> str:
+    """The largest error on the agreement table, in epsilons of its dtype, as a sentence."""
+    worst = None
+    for be, dt, errors in agreement():
+        for check, e in errors.items():
+            if dt is None or isinstance(e, str):
+                continue
+            r = e / EPS[dt]
+            if worst is None or r > worst[0]:
+                worst = (r, be, dt, check)
+    if worst is None:
+        return "No backend was measured."
+    r, be, dt, check = worst
+    return (
+        f"The worst entry on the table is {r:.2g} epsilons of its dtype "
+        f"({be.name} on {be.device_label}, `{dt}`, {check})."
+    )

@@ -1,0 +1,173 @@
+/* The chapter's interactive heatmap. Plain JavaScript, no dependencies.
+ *
+ * The numbers come from portattn at build time (docs/_gen/sitegen/widget.py
+ * writes them as JSON next to the widget); this script only draws them, lets
+ * the reader switch the causal mask, and reads one row out as a sentence in
+ * the words of portattn.chapter.describe_row.
+ */
+(function () {
+  "use strict";
+
+  function el(tag, attrs, text) {
+    var node = document.createElement(tag);
+    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function colour(map, w) {
+    var fill = map[Math.min(map.length - 1, Math.max(0, Math.round(w * (map.length - 1))))];
+    var r = parseInt(fill.slice(1, 3), 16) / 255;
+    var g = parseInt(fill.slice(3, 5), 16) / 255;
+    var b = parseInt(fill.slice(5, 7), 16) / 255;
+    var luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b;
+    return { fill: fill, ink: luminance > 0.45 ? "#000000" : "#ffffff" };
+  }
+
+  /* "sat attends to The 3%, cat 26%, sat 71%": keys with weight exactly 0 are left out. */
+  function sentence(tokens, state, i) {
+    var parts = [];
+    state.weights[i].forEach(function (w, j) {
+      if (w !== 0) parts.push(tokens[j] + " " + state.percent[i][j] + "%");
+    });
+    return tokens[i] + " attends to " + parts.join(", ");
+  }
+
+  function init(root) {
+    var data = JSON.parse(root.querySelector(".pa-heatmap-data").textContent);
+    var live = root.querySelector(".pa-heatmap-live");
+    var tokens = data.tokens;
+    var n = tokens.length;
+    var causal = true;
+    var pinned = null;
+
+    var toggle = el("button", {
+      type: "button", role: "switch", "aria-checked": "true", class: "pa-hm-toggle"
+    });
+    toggle.appendChild(el("span", { class: "pa-hm-track", "aria-hidden": "true" }));
+    toggle.appendChild(el("span", { class: "pa-hm-label" }, "Causal mask"));
+    var controls = el("div", { class: "pa-hm-controls" });
+    controls.appendChild(toggle);
+
+    var table = el("table", { class: "pa-hm-grid" });
+    table.appendChild(el("caption", { class: "pa-hm-caption" },
+      "Attention weights in percent: rows are queries, columns keys"));
+    var head = el("tr");
+    head.appendChild(el("td", { class: "pa-hm-corner" }, "query ↓ key →"));
+    tokens.forEach(function (t) { head.appendChild(el("th", { scope: "col" }, t)); });
+    var thead = el("thead");
+    thead.appendChild(head);
+    table.appendChild(thead);
+
+    var tbody = el("tbody");
+    var rows = [], buttons = [], cells = [];
+    tokens.forEach(function (t, i) {
+      var tr = el("tr", { "data-row": String(i) });
+      var th = el("th", { scope: "row" });
+      var button = el("button", {
+        type: "button", class: "pa-hm-query", "data-row": String(i), "aria-pressed": "false"
+      }, t);
+      th.appendChild(button);
+      tr.appendChild(th);
+      cells.push([]);
+      for (var j = 0; j < n; j++) {
+        var td = el("td", { class: "pa-hm-cell", "data-row": String(i), "data-col": String(j) });
+        tr.appendChild(td);
+        cells[i].push(td);
+      }
+      tbody.appendChild(tr);
+      rows.push(tr);
+      buttons.push(button);
+    });
+    table.appendChild(tbody);
+
+    var said = el("p", { class: "pa-hm-sentence", "aria-live": "polite" });
+
+    live.appendChild(controls);
+    live.appendChild(table);
+    live.appendChild(said);
+
+    function state() { return causal ? data.causal : data.full; }
+
+    function draw() {
+      var s = state();
+      toggle.setAttribute("aria-checked", causal ? "true" : "false");
+      root.classList.toggle("pa-hm-masked", causal);
+      for (var i = 0; i < n; i++) {
+        for (var j = 0; j < n; j++) {
+          var w = s.weights[i][j];
+          var c = colour(data.colormap, w);
+          var td = cells[i][j];
+          td.style.background = c.fill;
+          td.style.color = c.ink;
+          td.textContent = s.percent[i][j] + "%";
+          td.setAttribute("data-weight", String(w));
+          td.setAttribute("data-percent", String(s.percent[i][j]));
+          td.setAttribute("aria-label", tokens[i] + " to " + tokens[j] + ": " + s.percent[i][j] + "%");
+          td.classList.toggle("pa-hm-hidden", causal && j > i);
+        }
+      }
+    }
+
+    function show(i) {
+      rows.forEach(function (tr, k) { tr.classList.toggle("pa-hm-active", k === i); });
+      table.classList.toggle("pa-hm-focused", i !== null);
+      said.textContent = "";
+      if (i === null) {
+        said.appendChild(el("span", { class: "pa-hm-hint" },
+          "Hover over a row, or click a query token, to read it as a sentence."));
+        return;
+      }
+      said.appendChild(el("span", { class: "pa-hm-said" }, sentence(tokens, state(), i)));
+      if (causal && i < n - 1) {
+        said.appendChild(el("span", { class: "pa-hm-note" },
+          " (the mask hides the tokens after " + tokens[i] + ")"));
+      }
+    }
+
+    function pin(i) {
+      pinned = i;
+      buttons.forEach(function (b, k) { b.setAttribute("aria-pressed", k === i ? "true" : "false"); });
+      show(i);
+    }
+
+    toggle.addEventListener("click", function () {
+      causal = !causal;
+      draw();
+      show(pinned);
+    });
+    rows.forEach(function (tr, i) {
+      tr.addEventListener("mouseenter", function () { show(i); });
+    });
+    tbody.addEventListener("mouseleave", function () { show(pinned); });
+    buttons.forEach(function (b, i) {
+      b.addEventListener("click", function () { pin(i); });
+      b.addEventListener("focus", function () { pin(i); });
+      b.addEventListener("keydown", function (event) {
+        var next = null;
+        if (event.key === "ArrowDown") next = Math.min(n - 1, i + 1);
+        else if (event.key === "ArrowUp") next = Math.max(0, i - 1);
+        else if (event.key === "Home") next = 0;
+        else if (event.key === "End") next = n - 1;
+        if (next !== null) {
+          event.preventDefault();
+          buttons[next].focus();
+        }
+      });
+    });
+
+    draw();
+    show(null);
+    root.classList.add("pa-heatmap-ready");
+  }
+
+  function boot() {
+    document.querySelectorAll("[data-pa-heatmap]").forEach(init);
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", boot);
+  } else {
+    boot();
+  }
+})();
