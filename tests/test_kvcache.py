@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import Backend
 
 import portattn as pa
+from conftest import Backend
 from portattn.testing import assert_close, to_numpy
 
 B, L, D = 2, 21, 12  # L > 16 makes the growing cache reallocate
@@ -30,7 +30,9 @@ def _model(backend: Backend, *, rope="half", num_kv_heads=2, dtype=None):
 @pytest.mark.parametrize("capacity", [L, None], ids=["fixed", "growing"])
 @pytest.mark.parametrize("rope", ["half", "interleaved", None])
 @pytest.mark.parametrize("num_kv_heads", [6, 2, 1], ids=lambda n: f"hkv{n}")
-def test_token_by_token_decode_equals_full_causal_forward(backend: Backend, rng, capacity, rope, num_kv_heads):
+def test_token_by_token_decode_equals_full_causal_forward(
+    backend: Backend, rng, capacity, rope, num_kv_heads
+):
     mha = _model(backend, rope=rope, num_kv_heads=num_kv_heads)
     x = rng.standard_normal((B, L, D))
     full = to_numpy(mha(backend.asarray(x), causal=True))
@@ -38,7 +40,9 @@ def test_token_by_token_decode_equals_full_causal_forward(backend: Backend, rng,
     steps = [mha(backend.asarray(x[:, t : t + 1]), causal=True, cache=cache) for t in range(L)]
     got = backend.xp.concat(steps, axis=-2)
     assert cache.length == L
-    assert_close(got, full, rtol=1e-12, xp=backend.xp, dtype=backend.xp.float64, device=backend.device)
+    assert_close(
+        got, full, rtol=1e-12, xp=backend.xp, dtype=backend.xp.float64, device=backend.device
+    )
 
 
 @pytest.mark.parametrize("capacity", [L, None], ids=["fixed", "growing"])
@@ -48,7 +52,9 @@ def test_prefill_then_decode_equals_full_forward(backend: Backend, rng, capacity
     full = to_numpy(mha(backend.asarray(x), causal=True))
     cache = mha.new_cache(batch_shape=(B,), capacity=capacity)
     prefill = mha(backend.asarray(x[:, :8]), causal=True, cache=cache)
-    chunk = mha(backend.asarray(x[:, 8:11]), causal=True, cache=cache)  # a multi-token step: bottom-right
+    chunk = mha(
+        backend.asarray(x[:, 8:11]), causal=True, cache=cache
+    )  # a multi-token step: bottom-right
     rest = [mha(backend.asarray(x[:, t : t + 1]), causal=True, cache=cache) for t in range(11, L)]
     got = backend.xp.concat([prefill, chunk, *rest], axis=-2)
     assert_close(got, full, rtol=1e-12, xp=backend.xp, dtype=backend.xp.float64)
@@ -59,7 +65,10 @@ def test_decode_with_sliding_window_equals_full_forward(backend: Backend, rng):
     x = rng.standard_normal((B, L, D))
     full = to_numpy(mha(backend.asarray(x), causal=True, window=(4, 0)))
     cache = mha.new_cache(batch_shape=(B,))
-    steps = [mha(backend.asarray(x[:, t : t + 1]), causal=True, window=(4, 0), cache=cache) for t in range(L)]
+    steps = [
+        mha(backend.asarray(x[:, t : t + 1]), causal=True, window=(4, 0), cache=cache)
+        for t in range(L)
+    ]
     assert_close(backend.xp.concat(steps, axis=-2), full, rtol=1e-12, xp=backend.xp)
 
 
@@ -68,8 +77,13 @@ def test_decode_in_float32(backend: Backend, rng):
     x = rng.standard_normal((B, L, D))
     full = to_numpy(mha(backend.asarray(x, backend.xp.float32), causal=True))
     cache = mha.new_cache(batch_shape=(B,), capacity=L)
-    steps = [mha(backend.asarray(x[:, t : t + 1], backend.xp.float32), causal=True, cache=cache) for t in range(L)]
-    assert_close(backend.xp.concat(steps, axis=-2), full, rtol=1e-5, xp=backend.xp, dtype=backend.xp.float32)
+    steps = [
+        mha(backend.asarray(x[:, t : t + 1], backend.xp.float32), causal=True, cache=cache)
+        for t in range(L)
+    ]
+    assert_close(
+        backend.xp.concat(steps, axis=-2), full, rtol=1e-5, xp=backend.xp, dtype=backend.xp.float32
+    )
 
 
 def test_decoding_without_bottom_right_alignment_would_differ(backend: Backend, rng):
@@ -96,7 +110,8 @@ def test_cache_append_stores_and_returns_everything(backend: Backend, rng):
         want = np.concatenate(ks[: i + 1], axis=-2)
         assert_close(keys, want, rtol=0, xp=xp, dtype=xp.float64, device=backend.device)
         assert_close(values, -want, rtol=0, xp=xp)
-    assert cache.length == 22 and cache.capacity is None
+    assert cache.length == 22
+    assert cache.capacity is None
 
 
 def test_fixed_cache_overflow_raises_and_leaves_cache_unchanged(backend: Backend, rng):
@@ -120,8 +135,17 @@ def test_cache_mismatches_are_clear_errors(backend: Backend, rng):
     xp = backend.xp
     mha = _model(backend)  # Hkv = 2, d_head = 4, float64
     x = backend.asarray(rng.standard_normal((B, 1, D)))
-    with pytest.raises(ValueError, match=r"shape \(\*batch, Hkv, n, d_head\) = \(2, 3, 'n', 4\).*got shape \(2, 2, 1, 4\)"):
-        mha(x, causal=True, cache=pa.KVCache(3, 4, batch_shape=(B,), xp=xp, dtype=xp.float64, device=backend.device))
+    with pytest.raises(
+        ValueError,
+        match=r"shape \(\*batch, Hkv, n, d_head\) = \(2, 3, 'n', 4\).*got shape \(2, 2, 1, 4\)",
+    ):
+        mha(
+            x,
+            causal=True,
+            cache=pa.KVCache(
+                3, 4, batch_shape=(B,), xp=xp, dtype=xp.float64, device=backend.device
+            ),
+        )
     with pytest.raises(ValueError, match=r"= \(2, 'n', 4\).*got shape \(2, 2, 1, 4\)"):
         mha(x, causal=True, cache=mha.new_cache())  # batch shape () but x has a batch
     wrong_dtype = pa.KVCache(2, 4, batch_shape=(B,), xp=xp, dtype=xp.float32, device=backend.device)

@@ -1,13 +1,13 @@
-"""Linear attention (Katharopoulos et al. 2020) against torch transcriptions of the paper, on every backend."""
+"""Linear attention (Katharopoulos et al. 2020) against torch transcriptions of the paper."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from conftest import Backend, rtol_for
 
 import portattn as pa
+from conftest import Backend, rtol_for
 from portattn.testing import assert_close, to_numpy
 
 B, H, L, D, DV = 2, 3, 23, 5, 4
@@ -18,9 +18,11 @@ def _phi(x: torch.Tensor) -> torch.Tensor:
 
 
 def oracle_noncausal(q, k, v, eps):
-    """The reference implementation's einsums (fast-transformers LinearAttention), layout (N, L, H, d)."""
-    Q, K, V = (_phi(torch.from_numpy(a).transpose(1, 2)) if i < 2 else torch.from_numpy(a).transpose(1, 2)
-               for i, a in enumerate((q, k, v)))
+    """The reference code's einsums (fast-transformers LinearAttention), layout (N, L, H, d)."""
+    Q, K, V = (
+        _phi(torch.from_numpy(a).transpose(1, 2)) if i < 2 else torch.from_numpy(a).transpose(1, 2)
+        for i, a in enumerate((q, k, v))
+    )
     KV = torch.einsum("nshd,nshm->nhmd", K, V)
     Z = 1 / (torch.einsum("nlhd,nhd->nlh", Q, K.sum(dim=1)) + eps)
     out = torch.einsum("nlhd,nhmd,nlh->nlhm", Q, KV, Z)
@@ -50,7 +52,14 @@ def test_matches_paper_oracle(backend: Backend, rng, causal):
         for dtype in backend.float_dtypes:
             args = [backend.asarray(a, dtype) for a in (q, k, v)]
             got = pa.linear_attention(*args, causal=causal, eps=eps)
-            assert_close(got, want, rtol=rtol_for(backend, dtype), xp=backend.xp, dtype=dtype, device=backend.device)
+            assert_close(
+                got,
+                want,
+                rtol=rtol_for(backend, dtype),
+                xp=backend.xp,
+                dtype=dtype,
+                device=backend.device,
+            )
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 64, 1000])

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import Backend, rtol_for
 
 import portattn as pa
+from conftest import Backend, rtol_for
 from portattn import _multihead
 from portattn._lib import _compat
 from portattn.testing import assert_close, to_numpy
@@ -42,11 +42,11 @@ def _torch_out(m, x, ctx, **kw):
 
 
 CASES = {
-    "self": dict(cross=False),
-    "cross": dict(cross=True),
-    "key_padding_mask": dict(cross=False, kpm=True),
-    "attn_mask": dict(cross=False, attn_mask=True),
-    "cross+both_masks": dict(cross=True, kpm=True, attn_mask=True),
+    "self": {"cross": False},
+    "cross": {"cross": True},
+    "key_padding_mask": {"cross": False, "kpm": True},
+    "attn_mask": {"cross": False, "attn_mask": True},
+    "cross+both_masks": {"cross": True, "kpm": True, "attn_mask": True},
 }
 
 
@@ -79,7 +79,9 @@ def test_matches_torch_multihead_attention(backend: Backend, rng, bias, case, pr
     args = (backend.asarray(x, dtype),) + ((backend.asarray(ctx, dtype),) if cross else ())
     mask = None if our_mask is None else backend.asarray(our_mask)
     got = mha(*args, mask=mask)
-    assert_close(got, want, rtol=rtol_for(backend, dtype), xp=backend.xp, dtype=dtype, device=backend.device)
+    assert_close(
+        got, want, rtol=rtol_for(backend, dtype), xp=backend.xp, dtype=dtype, device=backend.device
+    )
 
 
 def test_key_lengths_match_torch_key_padding_mask(backend: Backend, rng):
@@ -88,7 +90,9 @@ def test_key_lengths_match_torch_key_padding_mask(backend: Backend, rng):
     lengths = np.array([LQ, 2])
     kpm = np.arange(LQ)[None, :] >= lengths[:, None]
     want = _torch_out(m, x, x, key_padding_mask=torch.from_numpy(kpm))
-    mha = pa.MultiHeadAttention.from_torch(m, xp=backend.xp, dtype=backend.xp.float64, device=backend.device)
+    mha = pa.MultiHeadAttention.from_torch(
+        m, xp=backend.xp, dtype=backend.xp.float64, device=backend.device
+    )
     got = mha(backend.asarray(x), key_lengths=backend.asarray(lengths))
     assert_close(got, want, rtol=1e-12, xp=backend.xp, dtype=backend.xp.float64)
 
@@ -98,7 +102,9 @@ def test_causal_matches_torch_triangular_attn_mask(backend: Backend, rng):
     x = rng.standard_normal((B, LQ, D))
     future = np.triu(np.ones((LQ, LQ), dtype=bool), 1)
     want = _torch_out(m, x, x, attn_mask=torch.from_numpy(future))
-    mha = pa.MultiHeadAttention.from_torch(m, xp=backend.xp, dtype=backend.xp.float64, device=backend.device)
+    mha = pa.MultiHeadAttention.from_torch(
+        m, xp=backend.xp, dtype=backend.xp.float64, device=backend.device
+    )
     assert_close(mha(backend.asarray(x), causal=True), want, rtol=1e-12, xp=backend.xp)
 
 
@@ -115,7 +121,9 @@ def _sdpa_oracle(mha, x, ctx, *, causal):
 
     q, k, v = heads(x @ w["wq"], h), heads(ctx @ w["wk"], hkv), heads(ctx @ w["wv"], hkv)
     with torch.no_grad():
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, enable_gqa=True
+        )
     o = o.numpy().swapaxes(-2, -3).reshape(*x.shape[:-1], h * dh)
     return o @ w["wo"]
 
@@ -125,14 +133,23 @@ def _sdpa_oracle(mha, x, ctx, *, causal):
 def test_gqa_mqa_match_torch_sdpa_enable_gqa(backend: Backend, rng, num_kv_heads, cross):
     for dtype in (backend.xp.float64, backend.xp.float32):
         mha = pa.MultiHeadAttention.random(
-            D, 6, num_kv_heads=num_kv_heads, d_head=4, seed=3, xp=backend.xp, dtype=dtype, device=backend.device
+            D,
+            6,
+            num_kv_heads=num_kv_heads,
+            d_head=4,
+            seed=3,
+            xp=backend.xp,
+            dtype=dtype,
+            device=backend.device,
         )
         x = rng.standard_normal((B, LQ, D))
         ctx = rng.standard_normal((B, LK, D)) if cross else x
         want = _sdpa_oracle(mha, x, ctx, causal=not cross)
         args = (backend.asarray(x, dtype),) + ((backend.asarray(ctx, dtype),) if cross else ())
         got = mha(*args, causal=not cross)
-        assert_close(got, want, rtol=rtol_for(backend, dtype), xp=backend.xp, dtype=dtype, shape=(B, LQ, D))
+        assert_close(
+            got, want, rtol=rtol_for(backend, dtype), xp=backend.xp, dtype=dtype, shape=(B, LQ, D)
+        )
 
 
 def test_gqa_never_repeats_keys_or_values(backend: Backend, rng, monkeypatch):
@@ -145,7 +162,9 @@ def test_gqa_never_repeats_keys_or_values(backend: Backend, rng, monkeypatch):
         return real(q, k, v, **kw)
 
     monkeypatch.setattr(_multihead, "run_attention", spy)
-    mha = pa.MultiHeadAttention.random(D, 6, num_kv_heads=2, d_head=4, xp=backend.xp, device=backend.device)
+    mha = pa.MultiHeadAttention.random(
+        D, 6, num_kv_heads=2, d_head=4, xp=backend.xp, device=backend.device
+    )
     mha(backend.asarray(rng.standard_normal((B, LQ, D)), backend.xp.float32))
     assert seen == [((B, 2, 3, LQ, 4), (B, 2, 1, LQ, 4), (B, 2, 1, LQ, 4))]
 
@@ -176,7 +195,9 @@ def test_user_loads_torch_module_and_runs_on_numpy(rng):
     m = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
     x = rng.standard_normal((2, 6, 16)).astype(np.float32)
     with torch.no_grad():
-        want, _ = m(torch.from_numpy(x), torch.from_numpy(x), torch.from_numpy(x), need_weights=False)
+        want, _ = m(
+            torch.from_numpy(x), torch.from_numpy(x), torch.from_numpy(x), need_weights=False
+        )
     mha = pa.MultiHeadAttention.from_torch(m)
     got = mha(x)
     assert isinstance(got, np.ndarray)
@@ -200,19 +221,31 @@ def test_to_torch_round_trip(rng, bias, kdim):
     m = _torch_mha(D, 3, bias=bias, kdim=kdim)
     mha = pa.MultiHeadAttention.from_torch(m)
     back = mha.to_torch()
-    for (name, a), (name2, b) in zip(m.state_dict().items(), back.state_dict().items(), strict=True):
+    for (name, a), (name2, b) in zip(
+        m.state_dict().items(), back.state_dict().items(), strict=True
+    ):
         assert name == name2
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     ours = pa.MultiHeadAttention.random(D, 4, bias=bias, dtype=np.float64, seed=7)
     x = rng.standard_normal((2, LQ, D))
-    np.testing.assert_allclose(_torch_out(ours.to_torch().eval(), x, x), ours(x), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        _torch_out(ours.to_torch().eval(), x, x), ours(x), rtol=1e-12, atol=1e-14
+    )
 
 
 def test_random_is_deterministic_and_bit_identical_across_backends(backend: Backend):
     for dtype_name in ("float32", "float64"):
-        ref = pa.MultiHeadAttention.random(12, 4, num_kv_heads=2, bias=True, seed=5, dtype=getattr(np, dtype_name))
+        ref = pa.MultiHeadAttention.random(
+            12, 4, num_kv_heads=2, bias=True, seed=5, dtype=getattr(np, dtype_name)
+        )
         got = pa.MultiHeadAttention.random(
-            12, 4, num_kv_heads=2, bias=True, seed=5, xp=backend.xp, dtype=getattr(backend.xp, dtype_name),
+            12,
+            4,
+            num_kv_heads=2,
+            bias=True,
+            seed=5,
+            xp=backend.xp,
+            dtype=getattr(backend.xp, dtype_name),
             device=backend.device,
         )
         for name in ("wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo"):
@@ -223,7 +256,8 @@ def test_random_is_deterministic_and_bit_identical_across_backends(backend: Back
 
 def test_random_distribution_is_as_documented():
     mha = pa.MultiHeadAttention.random(64, 8, dtype=np.float64, seed=0)
-    assert mha.wq.shape == (64, 64) and mha.d_head == 8
+    assert mha.wq.shape == (64, 64)
+    assert mha.d_head == 8
     assert abs(np.std(mha.wq) * np.sqrt(64) - 1) < 0.05  # N(0, 1/d_model)
     assert abs(np.mean(mha.wq)) < 0.01
 
@@ -237,7 +271,9 @@ def test_defaults_float32_numpy_and_shapes():
 
 
 def test_weights_rows_sum_to_one_and_match_call(backend: Backend, rng):
-    mha = pa.MultiHeadAttention.random(D, 3, xp=backend.xp, dtype=backend.xp.float64, device=backend.device)
+    mha = pa.MultiHeadAttention.random(
+        D, 3, xp=backend.xp, dtype=backend.xp.float64, device=backend.device
+    )
     x = backend.asarray(rng.standard_normal((B, LQ, D)))
     w = to_numpy(mha.weights(x, causal=True))
     assert w.shape == (B, 3, LQ, LQ)
@@ -287,7 +323,9 @@ def test_num_heads_must_divide_d_model_without_d_head():
 
 
 def test_num_kv_heads_must_divide_num_heads():
-    with pytest.raises(ValueError, match=r"num_kv_heads to divide num_heads.*num_heads=6, num_kv_heads=4"):
+    with pytest.raises(
+        ValueError, match=r"num_kv_heads to divide num_heads.*num_heads=6, num_kv_heads=4"
+    ):
         pa.MultiHeadAttention.random(12, 6, num_kv_heads=4)
     w = np.zeros((12, 12))
     with pytest.raises(ValueError, match="num_kv_heads to divide num_heads"):
@@ -310,13 +348,17 @@ def test_weight_shapes_are_checked(shapes, match):
 
 def test_bad_inputs_name_what_was_expected():
     mha = pa.MultiHeadAttention.random(8, 2)
-    with pytest.raises(ValueError, match=r"x of shape \(\.\.\., Lq, d_model=8\), got shape \(3, 7\)"):
+    with pytest.raises(
+        ValueError, match=r"x of shape \(\.\.\., Lq, d_model=8\), got shape \(3, 7\)"
+    ):
         mha(np.ones((3, 7), dtype=np.float32))
     with pytest.raises(TypeError, match="x to have a real floating dtype, got int64"):
         mha(np.ones((3, 8), dtype=np.int64))
     with pytest.raises(ValueError, match=r"context of shape \(\.\.\., Lk, d_context=8\)"):
         mha(np.ones((3, 8), dtype=np.float32), np.ones((4, 5), dtype=np.float32))
-    with pytest.raises(ValueError, match="positions=None for a MultiHeadAttention built with rope=None"):
+    with pytest.raises(
+        ValueError, match="positions=None for a MultiHeadAttention built with rope=None"
+    ):
         mha(np.ones((3, 8), dtype=np.float32), positions=np.arange(3))
     with pytest.raises(TypeError, match="one library"):
         mha(torch.ones(3, 8))

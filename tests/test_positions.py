@@ -5,15 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import Backend, rtol_for
 
 import portattn as pa
+from conftest import Backend, rtol_for
 from portattn.testing import assert_close, to_numpy
 
 L, D = 9, 8
 
 
-def rope_complex(x: np.ndarray, positions: np.ndarray, layout: str, base: float = 10000.0) -> np.ndarray:
+def rope_complex(
+    x: np.ndarray, positions: np.ndarray, layout: str, base: float = 10000.0
+) -> np.ndarray:
     """RoPE as complex multiplication z * exp(i p theta), in complex128 NumPy."""
     d = x.shape[-1]
     theta = base ** (-np.arange(d // 2) * 2.0 / d)
@@ -56,7 +58,9 @@ def test_rope_matches_complex_formula(backend: Backend, rng, layout):
 
 def test_rope_layouts_differ_by_a_feature_permutation(backend: Backend, rng):
     x = rng.standard_normal((L, D))
-    perm = np.stack([np.arange(D // 2), np.arange(D // 2) + D // 2], axis=-1).ravel()  # 0, 4, 1, 5, ...
+    perm = np.stack(
+        [np.arange(D // 2), np.arange(D // 2) + D // 2], axis=-1
+    ).ravel()  # 0, 4, 1, 5, ...
     half = to_numpy(pa.apply_rope(backend.asarray(x), layout="half"))
     inter = to_numpy(pa.apply_rope(backend.asarray(x[:, perm]), layout="interleaved"))
     np.testing.assert_allclose(inter, half[:, perm], rtol=0, atol=1e-15)
@@ -92,8 +96,12 @@ def test_rope_preserves_norms_and_position_zero_is_identity(backend: Backend, rn
 
 def test_sinusoidal_matches_paper_formula(backend: Backend):
     want = sinusoidal_loops(np.arange(L), D)
-    got = pa.sinusoidal_encoding(L, D, xp=backend.xp, dtype=backend.xp.float64, device=backend.device)
-    assert_close(got, want, rtol=1e-12, xp=backend.xp, dtype=backend.xp.float64, device=backend.device)
+    got = pa.sinusoidal_encoding(
+        L, D, xp=backend.xp, dtype=backend.xp.float64, device=backend.device
+    )
+    assert_close(
+        got, want, rtol=1e-12, xp=backend.xp, dtype=backend.xp.float64, device=backend.device
+    )
     pos = np.array([[3, 1, 4], [1, 5, 9]])
     got = pa.sinusoidal_encoding(backend.asarray(pos), D, dtype=backend.xp.float64)
     assert_close(got, sinusoidal_loops(pos, D), rtol=1e-12, xp=backend.xp, shape=(2, 3, D))
@@ -117,15 +125,23 @@ def test_positions_break_permutation_equivariance(rng):
     roped = pa.MultiHeadAttention(mha.wq, mha.wk, mha.wv, mha.wo, num_heads=2, rope="half")
     mha_plain = _permutation_gap(mha, x, perm)
     mha_rope = _permutation_gap(roped, x, perm)
-    assert plain < 1e-12 and mha_plain < 1e-12
-    assert with_pe > 1e-3 and mha_rope > 1e-3
+    assert plain < 1e-12
+    assert mha_plain < 1e-12
+    assert with_pe > 1e-3
+    assert mha_rope > 1e-3
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_mha_with_rope_matches_rotated_sdpa(backend: Backend, rng, layout):
     """MHA(rope) == torch SDPA on projections rotated by the complex formula."""
     mha = pa.MultiHeadAttention.random(
-        D, 4, num_kv_heads=2, rope=layout, dtype=backend.xp.float64, xp=backend.xp, device=backend.device
+        D,
+        4,
+        num_kv_heads=2,
+        rope=layout,
+        dtype=backend.xp.float64,
+        xp=backend.xp,
+        device=backend.device,
     )
     x = rng.standard_normal((2, L, D))
     pos = np.stack([np.arange(L), np.arange(L) + 11])  # (B, L): each sequence its own offset
@@ -139,7 +155,9 @@ def test_mha_with_rope_matches_rotated_sdpa(backend: Backend, rng, layout):
     v = heads(x @ w["wv"], 2)
     with torch.no_grad():
         o = torch.nn.functional.scaled_dot_product_attention(
-            *(torch.from_numpy(np.ascontiguousarray(a)) for a in (q, k, v)), is_causal=True, enable_gqa=True
+            *(torch.from_numpy(np.ascontiguousarray(a)) for a in (q, k, v)),
+            is_causal=True,
+            enable_gqa=True,
         ).numpy()
     want = o.swapaxes(1, 2).reshape(2, L, D) @ w["wo"]
     got = mha(backend.asarray(x), causal=True, positions=backend.asarray(pos))
@@ -151,19 +169,23 @@ def test_mha_with_rope_matches_rotated_sdpa(backend: Backend, rng, layout):
 
 def test_position_errors_say_what_was_expected():
     x = np.ones((L, D))
-    with pytest.raises(ValueError, match=rf"positions to have length {L}.*got positions shape \(4,\)"):
+    with pytest.raises(
+        ValueError, match=rf"positions to have length {L}.*got positions shape \(4,\)"
+    ):
         pa.apply_rope(x, np.arange(4))
     with pytest.raises(ValueError, match=r"broadcastable to \(9,\), got shape \(2, 9\)"):
         pa.apply_rope(x, np.zeros((2, L), dtype=np.int64))
-    with pytest.raises(ValueError, match="even feature size d.*got d=7"):
+    with pytest.raises(ValueError, match=r"even feature size d.*got d=7"):
         pa.apply_rope(np.ones((L, 7)))
     with pytest.raises(ValueError, match="layout to be 'half' or 'interleaved', got 'pairs'"):
         pa.apply_rope(x, layout="pairs")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="positions to be an integer or real floating array, got bool"):
+    with pytest.raises(
+        TypeError, match="positions to be an integer or real floating array, got bool"
+    ):
         pa.apply_rope(x, np.ones(L, dtype=bool))
     with pytest.raises(TypeError, match="real floating dtype, got int64"):
         pa.apply_rope(np.ones((L, D), dtype=np.int64))
-    with pytest.raises(ValueError, match="d_model to be a positive even int.*got 5"):
+    with pytest.raises(ValueError, match=r"d_model to be a positive even int.*got 5"):
         pa.sinusoidal_encoding(3, 5)
     with pytest.raises(ValueError, match="non-negative length, got -1"):
         pa.sinusoidal_encoding(-1, 4)

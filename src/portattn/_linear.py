@@ -76,7 +76,9 @@ def _validate(query: Array, key: Array, value: Array, *, xp: Namespace) -> None:
     for name, a in (("query", query), ("key", key), ("value", value)):
         check_floating(name, a, xp=xp)
         if a.ndim < 2:
-            msg = f"expected {name} to have shape (..., length, features), got shape {tuple(a.shape)}"
+            msg = (
+                f"expected {name} to have shape (..., length, features), got shape {tuple(a.shape)}"
+            )
             raise ValueError(msg)
     if int(key.shape[-1]) != int(query.shape[-1]):
         msg = (
@@ -178,7 +180,11 @@ def _causal(
         raise ValueError(msg)
     n, d, dv = int(fq.shape[-2]), int(fq.shape[-1]), int(v.shape[-1])
     batch = broadcast_shapes(
-        [("query", tuple(fq.shape[:-2])), ("key", tuple(fk.shape[:-2])), ("value", tuple(v.shape[:-2]))]
+        [
+            ("query", tuple(fq.shape[:-2])),
+            ("key", tuple(fk.shape[:-2])),
+            ("value", tuple(v.shape[:-2])),
+        ]
     )
     s = xp.zeros((*batch, d, dv), dtype=fq.dtype, device=_device(fq))  # running S
     z = xp.zeros((*batch, d), dtype=fq.dtype, device=_device(fq))  # running z

@@ -1,4 +1,4 @@
-"""Multi-head attention with grouped key/value heads (MHA, GQA, MQA), cross-attention and KV caching.
+"""Multi-head attention with grouped KV heads (MHA, GQA, MQA), cross-attention and KV caching.
 
 Every head is the single head of the chapter with its own slice of the
 projections; the heads run as one batched :func:`portattn.attention` call.
@@ -90,8 +90,8 @@ class MultiHeadAttention:
     >>> import array_api_strict as xp
     >>> import portattn as pa
     >>> mha = pa.MultiHeadAttention.random(8, 4, num_kv_heads=2, xp=xp)
-    >>> mha
-    MultiHeadAttention(d_model=8, num_heads=4, num_kv_heads=2, d_head=2, bias=False, rope=None, dtype=float32)
+    >>> mha.num_heads, mha.num_kv_heads, mha.d_head, mha.group_size
+    (4, 2, 2, 2)
     >>> mha(xp.ones((3, 5, 8)), causal=True).shape
     (3, 5, 8)
     """
@@ -157,7 +157,16 @@ class MultiHeadAttention:
             )
             raise ValueError(msg)
         check_same_device(
-            [("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo), ("bq", bq), ("bk", bk), ("bv", bv), ("bo", bo)]
+            [
+                ("wq", wq),
+                ("wk", wk),
+                ("wv", wv),
+                ("wo", wo),
+                ("bq", bq),
+                ("bk", bk),
+                ("bv", bv),
+                ("bo", bo),
+            ]
         )
         self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
         self.bq, self.bk, self.bv, self.bo = bq, bk, bv, bo
@@ -256,7 +265,8 @@ class MultiHeadAttention:
             d_head = d_model // h
         d_head = _positive("d_head", d_head)
         inner, kv = h * d_head, hkv * d_head
-        shapes = [(d_model, inner), (d_model, kv), (d_model, kv), (inner, d_model)]
+        shapes: list[tuple[int, ...]] = [(d_model, inner), (d_model, kv), (d_model, kv)]
+        shapes.append((inner, d_model))
         stds = [d_model**-0.5] * 3 + [inner**-0.5]
         if bias:
             shapes += [(inner,), (kv,), (kv,), (d_model,)]
@@ -330,7 +340,9 @@ class MultiHeadAttention:
                 raise ValueError(msg)
             bq, bk, bv = (in_proj_bias[i * d : (i + 1) * d] for i in range(3))
         if out_proj_weight.ndim != 2:
-            msg = f"expected out_proj_weight of shape ({d}, {d}), got shape {_shape(out_proj_weight)}"
+            msg = (
+                f"expected out_proj_weight of shape ({d}, {d}), got shape {_shape(out_proj_weight)}"
+            )
             raise ValueError(msg)
         wo = xp.matrix_transpose(out_proj_weight)
         return cls(wq, wk, wv, wo, num_heads=num_heads, bq=bq, bk=bk, bv=bv, bo=out_proj_bias)
@@ -539,7 +551,9 @@ class MultiHeadAttention:
                 )
                 raise ValueError(msg)
             if cache is not None:
-                msg = "expected cache=None with a context: the KV cache serves causal self-attention"
+                msg = (
+                    "expected cache=None with a context: the KV cache serves causal self-attention"
+                )
                 raise ValueError(msg)
             if self.rope is not None:
                 msg = (
@@ -553,7 +567,7 @@ class MultiHeadAttention:
             raise ValueError(msg)
         check_same_device([("weights", self.wq), ("x", x), ("context", context)])
 
-        h, hkv, g, dh = self.num_heads, self.num_kv_heads, self.group_size, self.d_head
+        _h, hkv, g, dh = self.num_heads, self.num_kv_heads, self.group_size, self.d_head
         lq = int(x.shape[-2])
         q = x @ self.wq  # (..., Lq, H*dh)
         k = src @ self.wk  # (..., Lk, Hkv*dh)
@@ -662,7 +676,9 @@ class MultiHeadAttention:
         )  # (..., Hkv, G, Lq, dh)
         assert not isinstance(out, tuple)
         nb = out.ndim - 4
-        out = xp.permute_dims(out, (*range(nb), nb + 2, nb, nb + 1, nb + 3))  # (..., Lq, Hkv, G, dh)
+        out = xp.permute_dims(
+            out, (*range(nb), nb + 2, nb, nb + 1, nb + 3)
+        )  # (..., Lq, Hkv, G, dh)
         out = xp.reshape(out, (*out.shape[:-3], self.num_heads * self.d_head))  # (..., Lq, H*dh)
         y = out @ self.wo  # (..., Lq, d_model)
         if self.bo is not None:
@@ -702,6 +718,7 @@ class MultiHeadAttention:
             cache=None,
             xp=xp,
         )
-        w = weights_impl(q, k, mask=mask, causal=causal, window=window, key_lengths=key_lengths, xp=xp)
+        w = weights_impl(
+            q, k, mask=mask, causal=causal, window=window, key_lengths=key_lengths, xp=xp
+        )
         return xp.reshape(w, (*w.shape[:-4], self.num_heads, *w.shape[-2:]))  # (..., H, Lq, Lk)
-

@@ -30,7 +30,9 @@ _LAYOUTS = ("half", "interleaved")
 
 def _check_even(name: str, d: object) -> int:
     if isinstance(d, bool) or not isinstance(d, int) or d < 2 or d % 2:
-        msg = f"expected {name} to be a positive even int (features come in sin/cos pairs), got {d!r}"
+        msg = (
+            f"expected {name} to be a positive even int (features come in sin/cos pairs), got {d!r}"
+        )
         raise ValueError(msg)
     return d
 
@@ -45,7 +47,9 @@ def _check_base(base: object) -> float:
     return float(base)
 
 
-def _inverse_frequencies(d: int, base: float, *, xp: Namespace, dtype: DType, device: Device) -> Array:
+def _inverse_frequencies(
+    d: int, base: float, *, xp: Namespace, dtype: DType, device: Device
+) -> Array:
     """``base ** (-2i/d)`` for ``i = 0 .. d/2 - 1``, from float64 NumPy."""
     inv = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
     if dtype == xp.float64:
@@ -61,8 +65,11 @@ def _angles(positions: Array, d: int, base: float, *, xp: Namespace, work: DType
 
 
 def _check_positions(positions: Array, *, xp: Namespace) -> None:
-    if not (xp.isdtype(positions.dtype, "integral") or xp.isdtype(positions.dtype, "real floating")):
-        msg = f"expected positions to be an integer or real floating array, got {dtype_name(positions.dtype)}"
+    if not (
+        xp.isdtype(positions.dtype, "integral") or xp.isdtype(positions.dtype, "real floating")
+    ):
+        got = dtype_name(positions.dtype)
+        msg = f"expected positions to be an integer or real floating array, got {got}"
         raise TypeError(msg)
     if positions.ndim < 1:
         msg = f"expected positions to have shape (..., length), got shape {tuple(positions.shape)}"
@@ -249,8 +256,12 @@ def rope_impl(
             )
             raise ValueError(msg)
         lead = tuple(x.shape[:-1])
-        if broadcast_shapes([("x.shape[:-1]", lead), ("positions", tuple(positions.shape))]) != lead:
-            msg = f"expected positions to be broadcastable to {lead}, got shape {tuple(positions.shape)}"
+        if (
+            broadcast_shapes([("x.shape[:-1]", lead), ("positions", tuple(positions.shape))])
+            != lead
+        ):
+            got = tuple(positions.shape)
+            msg = f"expected positions to be broadcastable to {lead}, got shape {got}"
             raise ValueError(msg)
     work = compute_dtype(x.dtype, xp=xp)
     ang = _angles(positions, d, b, xp=xp, work=work)  # (..., L, d/2)

@@ -1,0 +1,260 @@
+"""Sliding windows and padding lengths against jax.nn.dot_product_attention and torch SDPA.
+
+jax computes its softmax in float32 even with x64 enabled (``_dot_product_attention_core``
+casts the logits), so it agrees with float64 results to ~1e-7 only; the float64
+bound (1e-12) is checked against torch SDPA with a mask built here by loops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import portattn as pa
+from conftest import Backend, rtol_for
+from portattn.testing import assert_close, to_numpy
+
+B, H, D = 2, 3, 4
+JAX_RTOL = 1e-6  # jax's float32 softmax, see the module docstring
+
+IMPLS = [
+    pytest.param({"impl": "materialize"}, id="materialize"),
+    pytest.param({"impl": "blockwise", "block_size": (3, 2)}, id="blockwise"),
+]
+
+
+def _jax():
+    jax = pytest.importorskip(
+        "jax", reason="jax is the optional oracle for local_window_size and seq lengths"
+    )
+    jax.config.update("jax_enable_x64", True)
+    return jax
+
+
+def _jax_attention(q, k, v, **kw):
+    """jax takes (B, T, N, H); ours is (B, N, T, H)."""
+    jax = _jax()
+    jnp = jax.numpy
+    lengths = {n: jnp.asarray(a, dtype=jnp.int32) for n, a in kw.pop("lengths", {}).items()}
+    out = jax.nn.dot_product_attention(
+        *(jnp.asarray(a.swapaxes(1, 2)) for a in (q, k, v)), **kw, **lengths, implementation="xla"
+    )
+    return np.asarray(out).swapaxes(1, 2)
+
+
+def allowed_by_loops(lq, lk, *, window, causal=False, align="top_left"):
+    left, right = (window, window) if isinstance(window, int) else window
+    off = lk - lq if align == "bottom_right" else 0
+    out = np.zeros((lq, lk), dtype=bool)
+    for i in range(lq):
+        for j in range(lk):
+            ok = i + off - left <= j <= i + off + right
+            if causal:
+                ok = ok and j <= i + off
+            out[i, j] = ok
+    return out
+
+
+def _torch_sdpa(q, k, v, allowed):
+    """float64 SDPA with an explicit boolean mask; rows that see nothing -> 0 (torch gives NaN)."""
+    allowed = np.broadcast_to(allowed, (*q.shape[:-1], k.shape[-2]))
+    with torch.no_grad():
+        out = torch.nn.functional.scaled_dot_product_attention(
+            *(torch.from_numpy(np.ascontiguousarray(a)) for a in (q, k, v)),
+            attn_mask=torch.from_numpy(np.ascontiguousarray(allowed)),
+        ).numpy()
+    return np.where(allowed.any(-1, keepdims=True), out, 0.0)
+
+
+def _qkv(rng, lq, lk):
+    return (
+        rng.standard_normal((B, H, lq, D)),
+        rng.standard_normal((B, H, lk, D)),
+        rng.standard_normal((B, H, lk, D)),  # jax needs dv == d
+    )
+
+
+WINDOWS = [2, (2, 1), (0, 0), (1, 5), (0, 3), (10, 10)]
+
+
+@pytest.mark.parametrize("opts", IMPLS)
+@pytest.mark.parametrize("causal", [False, True], ids=["window", "causal+window"])
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+def test_window_matches_explicit_mask_torch(backend: Backend, rng, window, causal, opts):
+    q, k, v = _qkv(rng, 9, 9)
+    want = _torch_sdpa(q, k, v, allowed_by_loops(9, 9, window=window, causal=causal))
+    for dtype in backend.float_dtypes:
+        args = [backend.asarray(a, dtype) for a in (q, k, v)]
+        got = pa.attention(*args, window=window, causal=causal, **opts)
+        assert_close(
+            got,
+            want,
+            rtol=rtol_for(backend, dtype),
+            xp=backend.xp,
+            dtype=dtype,
+            device=backend.device,
+        )
+
+
+@pytest.mark.parametrize("opts", IMPLS)
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize(("lq", "lk"), [(4, 9), (9, 4)])
+def test_window_with_unequal_lengths_is_aligned_like_causal(
+    backend: Backend, rng, lq, lk, align, opts
+):
+    q, k, v = _qkv(rng, lq, lk)
+    want = _torch_sdpa(q, k, v, allowed_by_loops(lq, lk, window=(2, 0), causal=True, align=align))
+    got = pa.attention(
+        *(backend.asarray(a) for a in (q, k, v)), window=(2, 0), causal=align, **opts
+    )
+    assert_close(got, want, rtol=1e-12, xp=backend.xp, dtype=backend.xp.float64)
+    mask = pa.window_mask(lq, lk, window=(2, 0), causal=True, align=align)
+    np.testing.assert_array_equal(
+        mask, allowed_by_loops(lq, lk, window=(2, 0), causal=True, align=align)
+    )
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["window", "causal+window"])
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+def test_window_matches_jax_local_window_size(backend: Backend, rng, window, causal):
+    q, k, v = _qkv(rng, 9, 9)
+    want = _jax_attention(q, k, v, local_window_size=window, is_causal=causal)
+    got = pa.attention(*(backend.asarray(a) for a in (q, k, v)), window=window, causal=causal)
+    assert_close(got, want, rtol=JAX_RTOL, xp=backend.xp, dtype=backend.xp.float64)
+
+
+def test_window_with_unequal_lengths_matches_jax_top_left(backend: Backend, rng):
+    """jax aligns a window top-left when T != S; portattn needs that said explicitly."""
+    q, k, v = _qkv(rng, 5, 8)
+    want = _jax_attention(q, k, v, local_window_size=(1, 0), is_causal=True)
+    got = pa.attention(*(backend.asarray(a) for a in (q, k, v)), window=(1, 0), causal="top_left")
+    assert_close(got, want, rtol=JAX_RTOL, xp=backend.xp)
+
+
+LENGTHS = {
+    "keys": {"key_lengths": [7, 3]},
+    "queries": {"query_lengths": [2, 6]},
+    "both": {"key_lengths": [4, 7], "query_lengths": [6, 1]},
+}
+
+
+def _allowed_with_lengths(lq, lk, lengths, extra):
+    allowed = np.ones((B, 1, lq, lk), dtype=bool)
+    if extra.get("causal"):
+        allowed &= np.tril(np.ones((lq, lk), dtype=bool))
+    if "window" in extra:
+        allowed &= allowed_by_loops(lq, lk, window=extra["window"])
+    kl = np.array(lengths.get("key_lengths", [lk] * B))
+    ql = np.array(lengths.get("query_lengths", [lq] * B))
+    allowed &= (np.arange(lk)[None, :] < kl[:, None])[:, None, None, :]
+    allowed &= (np.arange(lq)[None, :] < ql[:, None])[:, None, :, None]
+    return allowed
+
+
+@pytest.mark.parametrize("opts", IMPLS)
+@pytest.mark.parametrize(
+    "extra", [{}, {"causal": True}, {"window": (2, 1)}], ids=["plain", "causal", "window"]
+)
+@pytest.mark.parametrize("which", list(LENGTHS))
+def test_lengths_match_torch(backend: Backend, rng, which, extra, opts):
+    lengths = LENGTHS[which]
+    q, k, v = _qkv(rng, 6, 7) if not extra else _qkv(rng, 7, 7)
+    # torch: the same padding as an explicit mask, padded query rows zeroed afterwards
+    allowed = _allowed_with_lengths(q.shape[-2], k.shape[-2], lengths, extra)
+    want = _torch_sdpa(q, k, v, allowed)
+    ours = {
+        n: backend.asarray(np.array(a)[:, None]) for n, a in lengths.items()
+    }  # (B, 1): over heads
+    got = pa.attention(*(backend.asarray(a) for a in (q, k, v)), **ours, **extra, **opts)
+    assert_close(
+        got, want, rtol=1e-12, xp=backend.xp, dtype=backend.xp.float64, device=backend.device
+    )
+    # padded query rows output exactly 0
+    assert np.all(to_numpy(got)[np.broadcast_to(~allowed.any(-1, keepdims=True), got.shape)] == 0)
+
+
+@pytest.mark.parametrize(
+    "extra", [{}, {"causal": True}, {"window": (2, 1)}], ids=["plain", "causal", "window"]
+)
+@pytest.mark.parametrize("which", list(LENGTHS))
+def test_lengths_match_jax_seq_lengths(backend: Backend, rng, which, extra):
+    lengths = LENGTHS[which]
+    q, k, v = _qkv(rng, 6, 7) if not extra else _qkv(rng, 7, 7)
+    jax_names = {"key_lengths": "key_value_seq_lengths", "query_lengths": "query_seq_lengths"}
+    jkw = {"local_window_size": extra["window"]} if "window" in extra else {}
+    want = _jax_attention(
+        q,
+        k,
+        v,
+        is_causal=bool(extra.get("causal")),
+        lengths={jax_names[n]: np.array(a) for n, a in lengths.items()},
+        **jkw,
+    )
+    # A row that sees no key at all (window beyond the valid keys) gets uniform
+    # weights from jax's large-finite-negative masking, and 0 by portattn's contract.
+    sees = _allowed_with_lengths(q.shape[-2], k.shape[-2], lengths, extra).any(-1, keepdims=True)
+    want = np.where(sees, want, 0.0)
+    ours = {n: backend.asarray(np.array(a)[:, None]) for n, a in lengths.items()}
+    got = pa.attention(*(backend.asarray(a) for a in (q, k, v)), **ours, **extra)
+    assert_close(got, want, rtol=JAX_RTOL, xp=backend.xp, dtype=backend.xp.float64)
+
+
+def test_zero_key_length_gives_zero_rows(backend: Backend, rng):
+    """jax gives uniform weights here (it masks with a large finite negative); portattn gives 0."""
+    q, k, v = _qkv(rng, 4, 5)
+    got = to_numpy(
+        pa.attention(
+            *(backend.asarray(a) for a in (q, k, v)),
+            key_lengths=backend.asarray(np.array([[0], [5]])),
+        )
+    )
+    assert np.all(got[0] == 0)
+    np.testing.assert_allclose(got[1], to_numpy(pa.attention(q[1], k[1], v[1])), rtol=1e-12)
+
+
+def test_lengths_broadcast_per_head(backend: Backend, rng):
+    q, k, v = _qkv(rng, 4, 5)
+    kl = np.array([[5, 2, 3], [1, 4, 5]])  # (B, H): a length per head too
+    got = to_numpy(
+        pa.attention(*(backend.asarray(a) for a in (q, k, v)), key_lengths=backend.asarray(kl))
+    )
+    for b in range(B):
+        for h in range(H):
+            n = kl[b, h]
+            np.testing.assert_allclose(
+                got[b, h], to_numpy(pa.attention(q[b, h], k[b, h, :n], v[b, h, :n])), rtol=1e-12
+            )
+
+
+@pytest.mark.parametrize("window", [-1, (-1, 2), (2, -3), (1.5, 2), (1, 2, 3), True])
+def test_bad_windows_are_refused(window):
+    x = np.ones((4, 2))
+    with pytest.raises(ValueError, match="expected window"):
+        pa.attention(x, x, x, window=window)
+
+
+def test_window_with_unequal_lengths_needs_an_alignment():
+    q, k = np.ones((3, 2)), np.ones((5, 2))
+    with pytest.raises(ValueError, match=r"window with Lq != Lk is ambiguous.*Lq=3, Lk=5"):
+        pa.attention(q, k, k, window=1)
+
+
+def test_mha_window_and_key_lengths(backend: Backend, rng):
+    """MultiHeadAttention passes window and key_lengths through to every head."""
+    mha = pa.MultiHeadAttention.random(
+        8, 4, num_kv_heads=2, dtype=backend.xp.float64, xp=backend.xp, device=backend.device
+    )
+    x = rng.standard_normal((B, 9, 8))
+    w = {n: to_numpy(getattr(mha, n)) for n in ("wq", "wk", "wv", "wo")}
+    q = (x @ w["wq"]).reshape(B, 9, 4, 2).swapaxes(1, 2)
+    k = np.repeat((x @ w["wk"]).reshape(B, 9, 2, 2).swapaxes(1, 2), 2, axis=1)  # oracle may repeat
+    v = np.repeat((x @ w["wv"]).reshape(B, 9, 2, 2).swapaxes(1, 2), 2, axis=1)
+    kl = np.array([9, 5])
+    allowed = (
+        allowed_by_loops(9, 9, window=(3, 0), causal=True)
+        & (np.arange(9)[None, :] < kl[:, None])[:, None, None, :]
+    )
+    want = _torch_sdpa(q, k, v, allowed).swapaxes(1, 2).reshape(B, 9, 8) @ w["wo"]
+    got = mha(backend.asarray(x), causal=True, window=(3, 0), key_lengths=backend.asarray(kl))
+    assert_close(got, want, rtol=1e-12, xp=backend.xp, dtype=backend.xp.float64)
