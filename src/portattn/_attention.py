@@ -123,7 +123,7 @@ def attention(
     >>> import portattn as pa
     >>> q = k = xp.eye(3)
     >>> v = xp.reshape(xp.arange(6, dtype=xp.float64), (3, 2))
-    >>> pa.attention(q, k, v, causal=True)[0]
+    >>> pa.attention(q, k, v, causal=True)[0, :]
     Array([0., 1.], dtype=array_api_strict.float64)
     >>> pa.attention(q, k, v, causal=True).shape
     (3, 2)
