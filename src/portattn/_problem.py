@@ -184,16 +184,16 @@ def prepare(
     dtypes = [x.dtype for _, x in arrays if x is not None]
     out_dtype = xp.result_type(*dtypes)
     work = compute_dtype(out_dtype, xp=xp)
-    q = xp.astype(query, work) * xp.asarray(scale_value, dtype=work, device=dev)
-    k = xp.astype(key, work)
-    v = None if value is None else xp.astype(value, work)
+    q = xp.astype(query, work, copy=False) * xp.asarray(scale_value, dtype=work, device=dev)
+    k = xp.astype(key, work, copy=False)
+    v = None if value is None else xp.astype(value, work, copy=False)
     ndim = len(batch) + 2
     return Problem(
         q=q,
         k=k,
         v=v,
         mask=None if mask is None else _align(mask, ndim, xp=xp),
-        bias=None if bias is None else _align(xp.astype(bias, work), ndim, xp=xp),
+        bias=None if bias is None else _align(xp.astype(bias, work, copy=False), ndim, xp=xp),
         key_lengths=None if key_lengths is None else _align(key_lengths, len(batch), xp=xp),
         query_lengths=None if query_lengths is None else _align(query_lengths, len(batch), xp=xp),
         structure=structure,

@@ -86,7 +86,7 @@ def softmax(x: Array, /, *, axis: int = -1) -> Array:
         msg = f"expected axis to be an int in [{-x.ndim}, {x.ndim}), got {axis!r}"
         raise ValueError(msg)
     dtype = x.dtype
-    work = xp.astype(x, compute_dtype(dtype, xp=xp))
+    work = xp.astype(x, compute_dtype(dtype, xp=xp), copy=False)
     if x.shape[axis] == 0:
         return xp.astype(work, dtype, copy=True)
     moved = axis not in (-1, x.ndim - 1)
