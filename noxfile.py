@@ -110,7 +110,10 @@ def docs(session: nox.Session) -> None:
         session.run("mkdocs", "serve", "--dev-addr", "127.0.0.1:8000", *session.posargs[1:])
         return
     session.run("mkdocs", "build", "--strict")
-    session.run("pytest", "tests/site", "-p", "no:cacheprovider")
+    # The browser test serves the site just built instead of building it again.
+    session.run(
+        "pytest", "tests/site", "-p", "no:cacheprovider", env={"PORTATTN_SITE_DIR": "site"}
+    )
 
 
 @nox.session(default=False)

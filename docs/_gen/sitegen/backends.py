@@ -48,6 +48,12 @@ def _import(name: str) -> Any:
         return None
 
 
+# The floating dtypes each library has: what portattn accepts there.
+TORCH_DTYPES = ("float16", "bfloat16", "float32", "float64")
+CUPY_DTYPES = ("float16", "float32", "float64")
+STRICT_DTYPES = ("float32", "float64")
+
+
 @cache
 def discover() -> tuple[Backend, ...]:
     """Every backend portattn knows, present or not, in a fixed order."""
@@ -62,26 +68,26 @@ def discover() -> tuple[Backend, ...]:
 
     torch = _import("torch")
     if torch is None:
-        out.append(Backend("PyTorch", "CPU", "torch", missing="not installed"))
-        out.append(Backend("PyTorch", "CUDA", "torch", missing="not installed"))
+        out.append(Backend("PyTorch", "CPU", "torch", TORCH_DTYPES, missing="not installed"))
+        out.append(Backend("PyTorch", "CUDA", "torch", TORCH_DTYPES, missing="not installed"))
     else:
         import array_api_compat.torch as torch_xp
 
         def to_torch(device: str) -> Callable[[np.ndarray, Any], Any]:
             return lambda a, dt: torch.asarray(a, device=device).to(getattr(torch, dt))
 
-        dts = ("float16", "bfloat16", "float32", "float64")
+        dts = TORCH_DTYPES
         out.append(Backend("PyTorch", "CPU", "torch", dts, xp=torch_xp, device="cpu",
                            convert=to_torch("cpu")))
         if torch.cuda.is_available():
             out.append(Backend("PyTorch", "CUDA", "torch", dts, xp=torch_xp, device="cuda",
                                convert=to_torch("cuda")))
         else:
-            out.append(Backend("PyTorch", "CUDA", "torch", missing="no CUDA device here"))
+            out.append(Backend("PyTorch", "CUDA", "torch", dts, missing="no CUDA device here"))
 
     cupy = _import("cupy")
     if cupy is None:
-        out.append(Backend("CuPy", "CUDA", "cupy-cuda12x", missing="not installed"))
+        out.append(Backend("CuPy", "CUDA", "cupy-cuda12x", CUPY_DTYPES, missing="not installed"))
     else:
         try:
             n = cupy.cuda.runtime.getDeviceCount()
@@ -90,24 +96,28 @@ def discover() -> tuple[Backend, ...]:
         if n:
             import array_api_compat.cupy as cupy_xp
 
-            out.append(Backend("CuPy", "CUDA", "cupy-cuda12x", ("float16", "float32", "float64"),
+            out.append(Backend("CuPy", "CUDA", "cupy-cuda12x", CUPY_DTYPES,
                                xp=cupy_xp, convert=lambda a, dt: cupy.asarray(a, dtype=dt)))
         else:
-            out.append(Backend("CuPy", "CUDA", "cupy-cuda12x", missing="no CUDA device here"))
+            out.append(
+                Backend("CuPy", "CUDA", "cupy-cuda12x", CUPY_DTYPES, missing="no CUDA device here")
+            )
 
     strict = _import("array_api_strict")
     if strict is None:
-        out.append(Backend("array-api-strict", "CPU", "array-api-strict", missing="not installed"))
+        out.append(Backend("array-api-strict", "CPU", "array-api-strict", STRICT_DTYPES,
+                           missing="not installed"))
     else:
         out.append(
-            Backend("array-api-strict", "CPU", "array-api-strict", ("float32", "float64"),
+            Backend("array-api-strict", "CPU", "array-api-strict", STRICT_DTYPES,
                     xp=strict,
                     convert=lambda a, dt: strict.asarray(a, dtype=getattr(strict, dt)))
         )
 
     jnp = _import("jax.numpy")
     if jnp is None:
-        out.append(Backend("JAX", "CPU", "jax", missing="not installed (optional)"))
+        out.append(Backend("JAX", "CPU", "jax", ("float16", "bfloat16", "float32", "float64"),
+                           missing="not installed (optional)"))
     else:
         dts = ["float16", "bfloat16", "float32"]
         import jax
@@ -128,9 +138,14 @@ BLOCK = (8, 8)
 def _rounded(a: np.ndarray, dtype: str) -> np.ndarray:
     """``a`` rounded to ``dtype`` and back to float64, so the reference sees the same inputs."""
     if dtype == "bfloat16":
-        import ml_dtypes  # ships with JAX; only used when a bfloat16 backend is present
-
-        return a.astype(ml_dtypes.bfloat16).astype(np.float64)
+        # NumPy has no bfloat16: keep the top 16 bits of the float32, rounding
+        # to nearest even. The result is exactly representable in bfloat16, so
+        # every backend then receives it without a second rounding.
+        bits = a.astype(np.float32).view(np.uint32)
+        bits = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(
+            0xFFFF0000
+        )
+        return bits.view(np.float32).astype(np.float64)
     return a.astype(dtype).astype(np.float64)
 
 
@@ -179,7 +194,8 @@ def agreement() -> tuple[tuple[Backend, str | None, dict[str, float | str]], ...
                         warnings.simplefilter("ignore")
                         out = pa.attention(q, k, v, **kwargs)
                 except Exception as exc:  # noqa: BLE001  (shown in the table, not hidden)
-                    errors[label] = f"fails: `{type(exc).__name__}`"
+                    first = str(exc).splitlines()[0] if str(exc) else ""
+                    errors[label] = f"{type(exc).__name__}: {first}"
                     continue
                 want = reference(exact["q"], exact["k"], exact["v"], causal=kwargs["causal"])
                 errors[label] = max_relative_error(out, want)
@@ -197,26 +213,33 @@ EPS = {
 
 def agreement_markdown() -> str:
     """The agreement table: maximum relative error against float64 per backend and dtype."""
-    head = "| backend | device | version | dtype | " + " | ".join(c for c, _ in CHECKS)
-    head += " | worst, in eps of the dtype |"
-    lines = [head, "|---|---|---|---|" + "---:|" * (len(CHECKS) + 1)]
+    head = "| backend | dtype | " + " | ".join(c for c, _ in CHECKS) + " | worst, in eps |"
+    lines = [head, "|---|---|" + "---:|" * (len(CHECKS) + 1)]
+    failures: dict[str, str] = {}
     for be, dt, errors in agreement():
-        if dt is None:
-            blank = " | ".join("—" for _ in CHECKS)
-            lines.append(
-                f"| {be.name} | {be.device_label} | {be.version} | **not present**: "
-                f"{be.missing} | {blank} | — |"
-            )
-            continue
-        cells = " | ".join(
-            e if isinstance(e, str) else f"{e:.1e}" for e in (errors[c] for c, _ in CHECKS)
+        who = f"{be.name} {be.version}, {be.device_label}" if not be.missing else (
+            f"{be.name}, {be.device_label}"
         )
+        if dt is None:
+            rest = " | ".join("—" for _ in CHECKS)
+            lines.append(f"| {who} | **not present**: {be.missing} | {rest} | — |")
+            continue
+        cells = []
+        for check, _ in CHECKS:
+            e = errors[check]
+            if isinstance(e, str):
+                failures.setdefault(f"{be.name}, {check}", e)
+                cells.append(f"**fails** (`{e.split(':')[0]}`)")
+            else:
+                cells.append(f"{e:.1e}")
         measured = [e for e in errors.values() if not isinstance(e, str)]
         worst = f"{max(measured) / EPS[dt]:.2g}" if measured else "—"
-        lines.append(
-            f"| {be.name} | {be.device_label} | {be.version} | `{dt}` | {cells} | {worst} |"
-        )
-    return "\n".join(lines) + "\n"
+        lines.append(f"| {who} | `{dt}` | {' | '.join(cells)} | {worst} |")
+    out = "\n".join(lines) + "\n"
+    if failures:
+        out += "\nFailures on this table, with the first line of each error:\n\n"
+        out += "".join(f"- {where}: `{what}`\n" for where, what in failures.items())
+    return out
 
 
 def support_markdown() -> str:
@@ -236,12 +259,8 @@ def support_markdown() -> str:
         session = nox_session[be.name]
         if be.name == "PyTorch" and be.device_label == "CUDA":
             session = "`tests-torch-cuda`"
-        if be.missing:
-            here = f"not present ({be.missing})"
-            dts = "—"
-        else:
-            here = f"{be.version}"
-            dts = ", ".join(be.dtypes)
+        here = f"not present ({be.missing})" if be.missing else be.version
+        dts = ", ".join(be.dtypes)
         lines.append(f"| {be.name} | {be.device_label} | {dts} | {session} | {here} |")
     return "\n".join(lines) + "\n"
 
