@@ -23,8 +23,13 @@ __all__ = [
 
 
 def dtype_name(dtype: DType) -> str:
-    """A short readable name: ``float32`` rather than ``torch.float32`` or ``dtype('float32')``."""
-    return str(dtype).rsplit(".", 1)[-1].replace("dtype(", "").strip("')")
+    """A short name: ``float32`` for ``np.float32``, ``np.dtype("float32")`` or ``torch.float32``."""
+    if isinstance(dtype, type):  # NumPy's namespace hands out scalar types
+        return dtype.__name__
+    name = getattr(dtype, "name", None)
+    if isinstance(name, str):
+        return name
+    return str(dtype).rsplit(".", 1)[-1]
 
 
 def check_floating(name: str, x: Array, *, xp: Namespace) -> None:
