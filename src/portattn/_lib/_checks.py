@@ -23,7 +23,7 @@ __all__ = [
 
 
 def dtype_name(dtype: DType) -> str:
-    """A short name: ``float32`` for ``np.float32``, ``np.dtype("float32")`` or ``torch.float32``."""
+    """A short name: ``float32`` for ``np.float32``, ``np.dtype("float32")``, ``torch.float32``."""
     if isinstance(dtype, type):  # NumPy's namespace hands out scalar types
         return dtype.__name__
     name = getattr(dtype, "name", None)
