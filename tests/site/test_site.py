@@ -64,6 +64,29 @@ def chapter_page(browser: Any, base_url: str) -> Iterator[tuple[Any, Visit]]:
     page.context.close()
 
 
+FIGURES = "article figure, article svg, article img, article math"
+
+# For each figure-like element: whether it is meant to be seen now (not in an
+# inactive content tab or a closed <details>), and its laid-out size.
+_MEASURE = """els => els.map(e => {
+  const tab = e.closest('.tabbed-block');
+  const details = e.closest('details');
+  const away = (tab && getComputedStyle(tab).display === 'none')
+    || (details && !details.open && !e.closest('summary'))
+    || e.closest('.md-clipboard, .headerlink, button') !== null;
+  const r = e.getBoundingClientRect();
+  return {away, w: r.width, h: r.height, what: e.outerHTML.slice(0, 100)};
+})"""
+
+
+def assert_figures_drawn(page: Any) -> int:
+    """Every figure, SVG, image and formula that should be visible has a non-zero size."""
+    shown = [m for m in page.locator(FIGURES).evaluate_all(_MEASURE) if not m["away"]]
+    empty = [m["what"] for m in shown if not (m["w"] > 0 and m["h"] > 0)]
+    assert empty == [], f"drawn with zero size: {empty}"
+    return len(shown)
+
+
 def _size(locator: Any) -> tuple[float, float]:
     box = locator.bounding_box()
     return (0.0, 0.0) if box is None else (box["width"], box["height"])
@@ -77,6 +100,7 @@ def test_page_loads_offline_without_errors(
     try:
         visit.assert_clean()
         assert page.locator("article h1").count() == 1
+        assert_figures_drawn(page)
         name = path.strip("/") or "home"
         page.screenshot(path=str(screenshots / f"{name}.png"), full_page=True)
     finally:
@@ -107,19 +131,18 @@ def test_chapter_math_is_rendered(chapter_page: tuple[Any, Visit]) -> None:
 
 def test_chapter_figures_have_size(chapter_page: tuple[Any, Visit]) -> None:
     page, _ = chapter_page
-    figures = "article figure, article svg.pa-figure"
     # Figures in inactive tabs are hidden; choose each linked tab in turn.
     for label in ("Causal mask on", "Causal mask off"):
         page.locator(".tabbed-labels label", has_text=label).first.click()
-        shown = [f for f in page.locator(figures).all() if f.is_visible()]
-        assert len(shown) >= 3
-        for f in shown:
-            w, h = _size(f)
-            assert w > 10 and h > 10, f.evaluate("e => e.outerHTML.slice(0, 120)")
-    # Only the other tab's heatmap may be hidden now.
-    for f in page.locator(figures).all():
-        if not f.is_visible():
-            assert f.evaluate("e => e.closest('.tabbed-block') !== null")
+        assert assert_figures_drawn(page) > 10
+        heatmaps = [f for f in page.locator("article figure.pa-heatmap-figure").all()
+                    if f.is_visible()]
+        assert len(heatmaps) == 1
+        assert label.lower() in heatmaps[0].inner_text().lower()
+        w, h = _size(heatmaps[0])
+        assert w > 100 and h > 100
+    plot = page.locator("article figure.pa-plot svg")
+    assert _size(plot)[0] > 300
 
 
 def _grid(page: Any) -> tuple[np.ndarray, list[list[str]]]:
