@@ -12,6 +12,7 @@ from ._head import Head
 from ._kvcache import KVCache
 from ._linear import LinearAttentionState, elu_feature_map, linear_attention, linear_attention_step
 from ._masks import causal_mask, window_mask
+from ._merge import merge_attention
 from ._multihead import MultiHeadAttention
 from ._positions import apply_rope, rope_positions, sinusoidal_encoding
 from ._softmax import softmax
@@ -28,6 +29,7 @@ __all__ = [
     "elu_feature_map",
     "linear_attention",
     "linear_attention_step",
+    "merge_attention",
     "rope_positions",
     "sinusoidal_encoding",
     "softmax",

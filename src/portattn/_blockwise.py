@@ -4,30 +4,61 @@ Queries are cut into blocks of ``bq`` rows and keys into blocks of ``bk``.
 Each query block keeps a running row maximum ``m``, a running sum ``l`` of
 ``exp(s - m)`` and a running output ``acc``; when a new key block raises the
 maximum, the old sum and output are rescaled by ``exp(m_old - m_new)``. The
-(Lq, Lk) score matrix is never formed: extra memory is one (bq, bk) tile.
+(Lq, Lk) score matrix is never formed: extra memory is a few (bq, bk) tiles
+per batch entry, plus the output.
 
 Key blocks that ``causal``/``window`` hide entirely are never read, which
 halves the work for causal attention and keeps causality bit-exact even if
-later values are inf.
+later values are inf. Tiles that nothing hides build no mask at all.
+
+Everything here is plain array API code (it runs on ``array_api_strict``).
+The per-tile work is kept to the passes the algorithm needs: one matmul for
+the scores, a row max, one in-place subtraction, one ``exp``, a row sum and
+one matmul into the accumulator.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from ._attention import empty_keys, expand, lse_from
 from ._lib._typing import Array, Namespace
 from ._problem import Problem
+from ._softmax import exp_floor, safe_exp
 
 __all__ = ["block_sizes", "blockwise_attention"]
 
-_DEFAULT_BLOCKS = {"torch": (256, 512), "numpy": (128, 512)}
-_FALLBACK_BLOCKS = (128, 512)
+# Per library: (key block, elements per score tile). The query block is
+# chosen so that one (batch..., bq, bk) score tile holds about that many
+# elements. Measured on a 2-core AMD EPYC (AVX2), B=1, H=8, d=64, float32,
+# N=2048 (benchmarks/run.py records the run): torch is fastest with tiles of
+# at most 2 MiB, because larger ones fall out of glibc's heap and every tile
+# then pays ~1000 page faults for fresh memory (31k faults per call at 4 MiB
+# tiles, 0.5k at 2 MiB); NumPy allocates large arrays on huge pages and
+# prefers 4 MiB tiles, which halve the Python overhead per FLOP.
+_DEFAULTS = {"torch": (512, 1 << 19), "numpy": (1024, 1 << 20)}
+_FALLBACK = (512, 1 << 19)
+_QUERY_BLOCK_RANGE = (16, 1024)
 
 
-def block_sizes(block_size: int | tuple[int, int] | None, *, xp: Namespace) -> tuple[int, int]:
+def _library(xp: Namespace) -> str:
+    return xp.__name__.removeprefix("array_api_compat.").split(".")[0]
+
+
+def block_sizes(
+    block_size: int | tuple[int, int] | None,
+    *,
+    xp: Namespace,
+    batch: tuple[int, ...] = (),
+) -> tuple[int, int]:
     """Resolve ``block_size=`` to ``(query_block, key_block)``, with a tuned default per library."""
     if block_size is None:
-        name = xp.__name__.removeprefix("array_api_compat.").split(".")[0]
-        return _DEFAULT_BLOCKS.get(name, _FALLBACK_BLOCKS)
+        bk, tile = _DEFAULTS.get(_library(xp), _FALLBACK)
+        lo, hi = _QUERY_BLOCK_RANGE
+        bq = max(lo, min(hi, tile // (bk * max(1, math.prod(batch)))))
+        return 1 << (bq.bit_length() - 1), bk  # a power of two: BLAS-friendly
     if isinstance(block_size, int) and not isinstance(block_size, bool):
         pair: tuple[object, ...] = (block_size, block_size)
     elif isinstance(block_size, tuple) and len(block_size) == 2:
@@ -35,40 +66,82 @@ def block_sizes(block_size: int | tuple[int, int] | None, *, xp: Namespace) -> t
     else:
         msg = f"expected block_size to be a positive int or a pair of them, got {block_size!r}"
         raise ValueError(msg)
-    bq, bk = pair
-    if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in (bq, bk)):
+    sizes = [b for b in pair if isinstance(b, int) and not isinstance(b, bool) and b > 0]
+    if len(sizes) != 2:
         msg = f"expected block_size to be a positive int or a pair of them, got {block_size!r}"
         raise ValueError(msg)
-    assert isinstance(bq, int) and isinstance(bk, int)
-    return bq, bk
+    return sizes[0], sizes[1]
 
 
 def blockwise_attention(
     p: Problem, *, block_size: int | tuple[int, int] | None, xp: Namespace
 ) -> tuple[Array, Array]:
     """Output (..., Lq, dv) and log-sum-exp (..., Lq) of ``p``, one query block at a time."""
-    bq, bk = block_sizes(block_size, xp=xp)
-    if p.lk == 0:
+    bq, bk = block_sizes(block_size, xp=xp, batch=p.batch)
+    if p.lk == 0 or p.lq == 0:
         return empty_keys(p, xp=xp)
     k_t = xp.matrix_transpose(p.k)  # (..., d, Lk)
-    outs, lses = [], []
+    floor = None if _exp_cannot_underflow(p, xp=xp) else exp_floor(p.q.dtype, xp=xp)
+    if p.lq <= bq:
+        out, lse = _query_block(p, 0, p.lq, k_t, bk, floor=floor, xp=xp)
+        return expand(out, (*p.batch, p.lq, p.dv), xp=xp), expand(lse, (*p.batch, p.lq), xp=xp)
+    # Each block is written into place, which also broadcasts it to the full
+    # batch shape (a mask or lengths may carry batch axes the inputs lack).
+    out = xp.empty((*p.batch, p.lq, p.dv), dtype=p.q.dtype, device=p.device)
+    lse = xp.empty((*p.batch, p.lq), dtype=p.q.dtype, device=p.device)
     for q0 in range(0, p.lq, bq):
         q1 = min(q0 + bq, p.lq)
-        out, lse = _query_block(p, q0, q1, k_t, bk, xp=xp)
-        outs.append(expand(out, (*p.batch, q1 - q0, p.dv), xp=xp))
-        lses.append(expand(lse, (*p.batch, q1 - q0), xp=xp))
-    if len(outs) == 1:
-        return outs[0], lses[0]
-    if not outs:  # Lq == 0
-        return empty_keys(p, xp=xp)
-    return xp.concat(outs, axis=-2), xp.concat(lses, axis=-1)
+        out_blk, lse_blk = _query_block(p, q0, q1, k_t, bk, floor=floor, xp=xp)
+        out[..., q0:q1, :] = out_blk
+        lse[..., q0:q1] = lse_blk
+    return out, lse
+
+
+def _exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
+    """True when no visible score can sit so far below its row's max that ``exp`` underflows.
+
+    By Cauchy-Schwarz, ``|q_i . k_j| <= |q_i| |k_j|``, so within a row the
+    visible scores span at most ``2 max|q| max|k|`` plus the spread of the
+    bias. When that is below ``-exp_floor`` (about 57 for float32), every
+    ``exp(s - max)`` is a normal number and the clamp that
+    :func:`~portattn._softmax.safe_exp` applies (a compare and a ``where``
+    over every tile, a fifth of the run time) changes nothing, so it is
+    skipped. Hidden entries are ``-inf``, whose ``exp`` is an exact 0 that
+    raises no flag. Costs O((Lq + Lk) d) and two host syncs per call; inf
+    or NaN anywhere makes the bound fail, and then the clamp runs.
+    """
+    # Only the bound is computed here, so no floating-point flag it could
+    # raise (tiny squares underflowing, huge ones overflowing) may escape:
+    # either way the bound just fails and the clamp runs.
+    with np.errstate(all="ignore"):
+        q_sq = float(xp.max(xp.sum(p.q * p.q, axis=-1)))
+        k_sq = float(xp.max(xp.sum(p.k * p.k, axis=-1)))
+        bias_spread = 0.0
+        if p.bias is not None and math.prod(p.bias.shape) > 0:
+            bias_spread = float(xp.max(p.bias)) - float(xp.min(p.bias))
+    spread = 2.0 * math.sqrt(q_sq) * math.sqrt(k_sq) + bias_spread
+    # The margin of 1 covers rounding in the matmul and the subtraction;
+    # NaN (from inf or NaN inputs) fails the comparison, as it should.
+    return spread + 1.0 < -exp_floor(p.q.dtype, xp=xp)
 
 
 def _query_block(
-    p: Problem, q0: int, q1: int, k_t: Array, bk: int, *, xp: Namespace
+    p: Problem,
+    q0: int,
+    q1: int,
+    k_t: Array,
+    bk: int,
+    *,
+    floor: float | None,
+    xp: Namespace,
 ) -> tuple[Array, Array]:
+    """Online softmax over the key blocks that ``[q0, q1)`` may see."""
     qb = p.q[..., q0:q1, :]  # (..., bq, d)
     lo, hi = p.structure.key_range(q0, q1)
+    if hi <= lo:  # positions hide every key from this query block
+        out = xp.zeros((*p.batch, q1 - q0, p.dv), dtype=p.q.dtype, device=p.device)
+        lse = xp.full((*p.batch, q1 - q0), -xp.inf, dtype=p.q.dtype, device=p.device)
+        return out, lse
     neg_inf = xp.asarray(-xp.inf, dtype=p.q.dtype, device=p.device)
     zero = xp.asarray(0.0, dtype=p.q.dtype, device=p.device)
     m = total = acc = None
@@ -83,20 +156,28 @@ def _query_block(
             s = xp.where(allowed, s, neg_inf)
         tile_max = xp.max(s, axis=-1, keepdims=True)  # (..., bq, 1)
         m_new = tile_max if m is None else xp.maximum(m, tile_max)
+        # A row that has seen nothing yet keeps m = -inf; shift it by 0 so
+        # that -inf - -inf never happens (its exp terms are all exactly 0).
         shift = xp.where(m_new == neg_inf, zero, m_new)
-        e = xp.exp(s - shift)
+        if shift.shape[:-1] == s.shape[:-1]:
+            s -= shift  # s is a fresh tile, so updating it in place is safe
+        else:
+            s = s - shift
+        # exp may only see values it can take without an underflow flag
+        # (see _softmax.exp_floor); floor is None when a bound proves it.
+        e = xp.exp(s) if floor is None else safe_exp(s, floor, xp=xp)
         v_blk = p.v[..., k0:k1, :]  # (..., bk, dv)
         if m is None:
-            total = xp.sum(e, axis=-1, keepdims=True)
+            total = xp.sum(e, axis=-1, keepdims=True)  # (..., bq, 1)
             acc = e @ v_blk  # (..., bq, dv)
         else:
-            alpha = xp.exp(m - shift)  # rescales what earlier key blocks contributed
+            # rescales what earlier key blocks contributed; (..., bq, 1), so cheap
+            alpha = safe_exp(m - shift, exp_floor(p.q.dtype, xp=xp), xp=xp)
             total = total * alpha + xp.sum(e, axis=-1, keepdims=True)
             acc = acc * alpha + e @ v_blk
         m = m_new
-    if m is None:  # positions hide every key from this query block
-        out = xp.zeros((*p.batch, q1 - q0, p.dv), dtype=p.q.dtype, device=p.device)
-        lse = xp.full((*p.batch, q1 - q0), -xp.inf, dtype=p.q.dtype, device=p.device)
-        return out, lse
+    assert m is not None
+    assert total is not None
+    assert acc is not None
     out = acc / xp.where(total > 0, total, xp.ones_like(total))
     return out, lse_from(m, total, xp=xp)

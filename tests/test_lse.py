@@ -1,0 +1,160 @@
+"""return_lse, and merging partial results over key chunks into the full call."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import portattn as pa
+from portattn.testing import assert_close, to_numpy
+
+from conftest import Backend, rtol_for
+from reference import allowed_pairs
+
+IMPLS = [
+    pytest.param({"impl": "materialize"}, id="materialize"),
+    pytest.param({"impl": "blockwise", "block_size": (3, 4)}, id="blockwise"),
+]
+
+
+def _lse_ref(q, k, *, ok=None):
+    s = (q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1])
+    if ok is not None:
+        s = np.where(ok, s, -np.inf)
+    top = np.max(s, axis=-1, keepdims=True)
+    top = np.where(np.isneginf(top), 0.0, top)
+    with np.errstate(divide="ignore"):
+        return (top + np.log(np.sum(np.exp(s - top), axis=-1, keepdims=True)))[..., 0]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_lse_matches_reference(backend: Backend, rng, impl):
+    xp = backend.xp
+    q, k, v = (
+        rng.standard_normal((2, 7, 5)),
+        rng.standard_normal((2, 9, 5)),
+        rng.standard_normal((2, 9, 3)),
+    )
+    for dtype in (xp.float32, xp.float64):
+        out, lse = pa.attention(
+            *(backend.asarray(a, dtype) for a in (q, k, v)), return_lse=True, **impl
+        )
+        assert_close(lse, _lse_ref(q, k), rtol=rtol_for(backend, dtype), xp=xp, dtype=dtype)
+        assert tuple(out.shape) == (2, 7, 3)
+
+
+def test_lse_is_in_compute_dtype_for_half(backend: Backend, rng):
+    xp = backend.xp
+    if not backend.half_dtypes:
+        pytest.skip(f"{backend.name} has no half-precision dtype")
+    half = backend.half_dtypes[0]
+    q = backend.asarray(rng.standard_normal((4, 8)), half)
+    out, lse = pa.attention(q, q, q, return_lse=True)
+    assert out.dtype == half
+    assert lse.dtype == xp.float32
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_lse_neg_inf_for_rows_that_see_nothing(backend: Backend, rng, impl):
+    xp = backend.xp
+    q, k, v = (
+        rng.standard_normal((6, 4)),
+        rng.standard_normal((3, 4)),
+        rng.standard_normal((3, 2)),
+    )
+    with np.errstate(all="raise"):
+        out, lse = pa.attention(
+            *(backend.asarray(a, xp.float64) for a in (q, k, v)),
+            causal="bottom_right",
+            return_lse=True,
+            **impl,
+        )
+    ls = to_numpy(lse)
+    assert np.isneginf(ls[:3]).all()
+    assert np.isfinite(ls[3:]).all()
+    np.testing.assert_array_equal(to_numpy(out)[:3], 0.0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("chunks", [(4,), (1, 3), (2, 2, 0, 5), (3, 3, 3)], ids=str)
+def test_merge_over_key_chunks_equals_full_call(backend: Backend, rng, impl, chunks):
+    xp = backend.xp
+    lk = sum(chunks)
+    q, k, v = (
+        rng.standard_normal((2, 3, 5, 4)),
+        rng.standard_normal((2, 3, lk, 4)),
+        rng.standard_normal((2, 3, lk, 6)),
+    )
+    args = [backend.asarray(a, xp.float64) for a in (q, k, v)]
+    full, full_lse = pa.attention(*args, return_lse=True, **impl)
+    outs, lses, start = [], [], 0
+    for n in chunks:
+        o, ls = pa.attention(
+            args[0],
+            args[1][..., start : start + n, :],
+            args[2][..., start : start + n, :],
+            scale=1 / np.sqrt(4),
+            return_lse=True,
+            **impl,
+        )
+        outs.append(o)
+        lses.append(ls)
+        start += n
+    out, lse = pa.merge_attention(outs, lses)
+    rtol = rtol_for(backend, xp.float64)
+    assert_close(out, full, rtol=rtol, xp=xp, dtype=xp.float64, device=backend.device)
+    assert_close(lse, full_lse, rtol=rtol, xp=xp, dtype=xp.float64)
+
+
+def test_merge_with_masks_matches_masked_full_call(backend: Backend, rng):
+    """Causal split over key chunks: some chunks show some rows nothing (lse -inf)."""
+    xp = backend.xp
+    lq = lk = 8
+    q, k, v = (
+        rng.standard_normal((lq, 4)),
+        rng.standard_normal((lk, 4)),
+        rng.standard_normal((lk, 3)),
+    )
+    ok = allowed_pairs(lq, lk, causal=True)
+    args = [backend.asarray(a, xp.float32) for a in (q, k, v)]
+    full = pa.attention(*args, causal=True)
+    outs, lses = [], []
+    for lo, hi in ((0, 3), (3, 8)):
+        o, ls = pa.attention(
+            args[0],
+            args[1][lo:hi, :],
+            args[2][lo:hi, :],
+            mask=backend.asarray(ok[:, lo:hi]),
+            scale=0.5,
+            return_lse=True,
+        )
+        outs.append(o)
+        lses.append(ls)
+    with np.errstate(all="raise"):
+        out, lse = pa.merge_attention(outs, lses)
+    assert_close(out, full, rtol=rtol_for(backend, xp.float32), xp=xp, dtype=xp.float32)
+    assert_close(lse, _lse_ref(q, k, ok=ok), rtol=rtol_for(backend, xp.float32), xp=xp)
+
+
+def test_merge_all_chunks_empty_gives_zero(backend: Backend):
+    xp = backend.xp
+    o = backend.asarray(np.ones((3, 2)), xp.float32)
+    ls = backend.asarray(np.full(3, -np.inf), xp.float32)
+    with np.errstate(all="raise"):
+        out, lse = pa.merge_attention([o, o], [ls, ls])
+    np.testing.assert_array_equal(to_numpy(out), 0.0)
+    assert np.isneginf(to_numpy(lse)).all()
+
+
+def test_merge_rejects_bad_input(backend: Backend):
+    xp = backend.xp
+    o = backend.asarray(np.ones((3, 2)), xp.float32)
+    ls = backend.asarray(np.zeros(3), xp.float32)
+    with pytest.raises(ValueError, match="one lse per output"):
+        pa.merge_attention([o, o], [ls])
+    with pytest.raises(ValueError, match="one lse per output"):
+        pa.merge_attention([], [])
+    with pytest.raises(ValueError, match="match outputs"):
+        pa.merge_attention([o], [backend.asarray(np.zeros(2), xp.float32)])
+    with pytest.raises(TypeError, match="real floating"):
+        pa.merge_attention([o], [backend.asarray(np.zeros(3, dtype=np.int32))])

@@ -1,0 +1,107 @@
+"""impl="native": agrees with the generic path where it maps, and says clearly where it does not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import portattn as pa
+from portattn.testing import assert_close, to_numpy
+
+from conftest import Backend, rtol_for
+
+CASES = {
+    "plain": ({}, 6, 6),
+    "causal": ({"causal": True}, 6, 6),
+    "top_left": ({"causal": "top_left"}, 4, 7),
+    "bottom_right": ({"causal": "bottom_right"}, 4, 7),
+    # the first two rows see nothing: 0, whatever the kernel thinks
+    "bottom_right_long_q": ({"causal": "bottom_right"}, 7, 5),
+    "window": ({"window": (2, 1)}, 7, 7),
+    "mask": ({"mask": "m"}, 6, 8),
+    "bias_mask_causal": ({"mask": "m", "bias": "b", "causal": "bottom_right"}, 6, 8),
+    "bias_causal": ({"bias": "b", "causal": True}, 8, 8),
+    "lengths": ({"key_lengths": "kl", "query_lengths": "ql"}, 6, 8),
+    "scale": ({"scale": 0.3}, 5, 5),
+}
+
+
+def _kwargs(backend, rng, kw, lq, lk):
+    mask = rng.random((2, 1, lq, lk)) < 0.6
+    mask[0, 0, 1] = False  # a fully hidden row
+    table = {
+        "m": backend.asarray(mask),
+        "b": backend.asarray(rng.standard_normal((lq, lk)), backend.xp.float32),
+        "kl": backend.asarray(np.array([[lk], [2]])),
+        "ql": backend.asarray(np.array([[lq], [3]])),
+    }
+    return {name: table.get(val, val) if isinstance(val, str) else val for name, val in kw.items()}
+
+
+def _native_backend(backend: Backend) -> None:
+    if not backend.name.startswith("torch"):
+        pytest.skip(f"impl='native' has no kernel on {backend.name}")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_native_agrees_with_generic(backend: Backend, rng, name):
+    _native_backend(backend)
+    xp = backend.xp
+    kw, lq, lk = CASES[name]
+    kwargs = _kwargs(backend, rng, kw, lq, lk)
+    q, k, v = (rng.standard_normal((2, 3, n, 8)) for n in (lq, lk, lk))
+    for dtype in backend.float_dtypes:
+        args = [backend.asarray(a, dtype) for a in (q, k, v)]
+        got = pa.attention(*args, impl="native", **kwargs)
+        want = pa.attention(*args, impl="materialize", **kwargs)
+        assert_close(
+            got, want, rtol=rtol_for(backend, dtype), xp=xp, dtype=dtype, device=backend.device
+        )
+        assert not np.isnan(to_numpy(got)).any()
+
+
+def test_native_empty(backend: Backend):
+    _native_backend(backend)
+    xp = backend.xp
+    q = backend.asarray(np.ones((3, 4)), xp.float32)
+    e = backend.asarray(np.ones((0, 4)), xp.float32)
+    out = pa.attention(q, e, e, impl="native")
+    np.testing.assert_array_equal(to_numpy(out), 0.0)
+
+
+def test_native_refuses_lse(backend: Backend):
+    _native_backend(backend)
+    q = backend.asarray(np.ones((3, 4)), backend.xp.float32)
+    with pytest.raises(NotImplementedError, match="log-sum-exp"):
+        pa.attention(q, q, q, impl="native", return_lse=True)
+
+
+def test_native_refuses_libraries_without_a_kernel(backend: Backend):
+    if backend.name.startswith("torch"):
+        pytest.skip("torch has a kernel")
+    q = backend.asarray(np.ones((3, 4)), backend.xp.float32)
+    with pytest.raises(NotImplementedError, match="impl='native' delegates"):
+        pa.attention(q, q, q, impl="native")
+
+
+# portattn._masks builds position indices as int64, which JAX without x64
+# truncates to int32 with a warning; harmless at these sizes.
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype int64:UserWarning")
+def test_native_jax_agrees_with_generic(rng):
+    jnp = pytest.importorskip("jax.numpy")
+    q, k, v = (rng.standard_normal((2, 5, n, 8)).astype(np.float32) for n in (6, 9, 9))
+    mask = rng.random((6, 9)) < 0.6
+    mask[2] = False
+    for kw in (
+        {},
+        {"causal": "top_left"},
+        {"causal": "bottom_right"},
+        {"mask": mask},
+        {"window": (1, 2), "causal": "bottom_right"},
+    ):
+        jkw = {a: jnp.asarray(b) if isinstance(b, np.ndarray) else b for a, b in kw.items()}
+        got = pa.attention(*(jnp.asarray(a) for a in (q, k, v)), impl="native", **jkw)
+        want = pa.attention(q, k, v, impl="materialize", **kw)
+        assert_close(np.asarray(got), want, rtol=1e-5)
+    with pytest.raises(NotImplementedError, match="dv="):
+        pa.attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v[..., :3]), impl="native")
