@@ -111,9 +111,7 @@ def docs(session: nox.Session) -> None:
         return
     session.run("mkdocs", "build", "--strict")
     # The browser test serves the site just built instead of building it again.
-    session.run(
-        "pytest", "tests/site", "-p", "no:cacheprovider", env={"PORTATTN_SITE_DIR": "site"}
-    )
+    session.run("pytest", "tests/site", "-p", "no:cacheprovider", env={"PORTATTN_SITE_DIR": "site"})
 
 
 @nox.session(default=False)

@@ -51,7 +51,7 @@ def site_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 

@@ -135,8 +135,9 @@ def test_chapter_figures_have_size(chapter_page: tuple[Any, Visit]) -> None:
     for label in ("Causal mask on", "Causal mask off"):
         page.locator(".tabbed-labels label", has_text=label).first.click()
         assert assert_figures_drawn(page) > 10
-        heatmaps = [f for f in page.locator("article figure.pa-heatmap-figure").all()
-                    if f.is_visible()]
+        heatmaps = [
+            f for f in page.locator("article figure.pa-heatmap-figure").all() if f.is_visible()
+        ]
         assert len(heatmaps) == 1
         assert label.lower() in heatmaps[0].inner_text().lower()
         w, h = _size(heatmaps[0])
@@ -227,9 +228,7 @@ def test_widget_is_keyboard_accessible(chapter_page: tuple[Any, Visit]) -> None:
     assert page.locator(".pa-heatmap .pa-hm-toggle").get_attribute("aria-checked") == "false"
 
 
-def test_static_fallback_without_javascript(
-    browser: Any, base_url: str, screenshots: Path
-) -> None:
+def test_static_fallback_without_javascript(browser: Any, base_url: str, screenshots: Path) -> None:
     page, visit = _open(browser, f"{base_url}/chapter/", javascript=False)
     try:
         assert visit.outside == []

@@ -62,8 +62,14 @@ def discover() -> tuple[Backend, ...]:
     import array_api_compat.numpy as np_xp
 
     out.append(
-        Backend("NumPy", "CPU", "numpy", ("float16", "float32", "float64"), xp=np_xp,
-                convert=lambda a, dt: np.asarray(a, dtype=dt))
+        Backend(
+            "NumPy",
+            "CPU",
+            "numpy",
+            ("float16", "float32", "float64"),
+            xp=np_xp,
+            convert=lambda a, dt: np.asarray(a, dtype=dt),
+        )
     )
 
     torch = _import("torch")
@@ -77,11 +83,23 @@ def discover() -> tuple[Backend, ...]:
             return lambda a, dt: torch.asarray(a, device=device).to(getattr(torch, dt))
 
         dts = TORCH_DTYPES
-        out.append(Backend("PyTorch", "CPU", "torch", dts, xp=torch_xp, device="cpu",
-                           convert=to_torch("cpu")))
+        out.append(
+            Backend(
+                "PyTorch", "CPU", "torch", dts, xp=torch_xp, device="cpu", convert=to_torch("cpu")
+            )
+        )
         if torch.cuda.is_available():
-            out.append(Backend("PyTorch", "CUDA", "torch", dts, xp=torch_xp, device="cuda",
-                               convert=to_torch("cuda")))
+            out.append(
+                Backend(
+                    "PyTorch",
+                    "CUDA",
+                    "torch",
+                    dts,
+                    xp=torch_xp,
+                    device="cuda",
+                    convert=to_torch("cuda"),
+                )
+            )
         else:
             out.append(Backend("PyTorch", "CUDA", "torch", dts, missing="no CUDA device here"))
 
@@ -91,13 +109,21 @@ def discover() -> tuple[Backend, ...]:
     else:
         try:
             n = cupy.cuda.runtime.getDeviceCount()
-        except Exception:  # noqa: BLE001  (no driver is an exception, not a count)
+        except Exception:
             n = 0
         if n:
             import array_api_compat.cupy as cupy_xp
 
-            out.append(Backend("CuPy", "CUDA", "cupy-cuda12x", CUPY_DTYPES,
-                               xp=cupy_xp, convert=lambda a, dt: cupy.asarray(a, dtype=dt)))
+            out.append(
+                Backend(
+                    "CuPy",
+                    "CUDA",
+                    "cupy-cuda12x",
+                    CUPY_DTYPES,
+                    xp=cupy_xp,
+                    convert=lambda a, dt: cupy.asarray(a, dtype=dt),
+                )
+            )
         else:
             out.append(
                 Backend("CuPy", "CUDA", "cupy-cuda12x", CUPY_DTYPES, missing="no CUDA device here")
@@ -105,27 +131,54 @@ def discover() -> tuple[Backend, ...]:
 
     strict = _import("array_api_strict")
     if strict is None:
-        out.append(Backend("array-api-strict", "CPU", "array-api-strict", STRICT_DTYPES,
-                           missing="not installed"))
+        out.append(
+            Backend(
+                "array-api-strict",
+                "CPU",
+                "array-api-strict",
+                STRICT_DTYPES,
+                missing="not installed",
+            )
+        )
     else:
         out.append(
-            Backend("array-api-strict", "CPU", "array-api-strict", STRICT_DTYPES,
-                    xp=strict,
-                    convert=lambda a, dt: strict.asarray(a, dtype=getattr(strict, dt)))
+            Backend(
+                "array-api-strict",
+                "CPU",
+                "array-api-strict",
+                STRICT_DTYPES,
+                xp=strict,
+                convert=lambda a, dt: strict.asarray(a, dtype=getattr(strict, dt)),
+            )
         )
 
     jnp = _import("jax.numpy")
     if jnp is None:
-        out.append(Backend("JAX", "CPU", "jax", ("float16", "bfloat16", "float32", "float64"),
-                           missing="not installed (optional)"))
+        out.append(
+            Backend(
+                "JAX",
+                "CPU",
+                "jax",
+                ("float16", "bfloat16", "float32", "float64"),
+                missing="not installed (optional)",
+            )
+        )
     else:
         dts = ["float16", "bfloat16", "float32"]
         import jax
 
         if jax.config.read("jax_enable_x64"):
             dts.append("float64")
-        out.append(Backend("JAX", "CPU", "jax", tuple(dts), xp=jnp,
-                           convert=lambda a, dt: jnp.asarray(a, dtype=getattr(jnp, dt))))
+        out.append(
+            Backend(
+                "JAX",
+                "CPU",
+                "jax",
+                tuple(dts),
+                xp=jnp,
+                convert=lambda a, dt: jnp.asarray(a, dtype=getattr(jnp, dt)),
+            )
+        )
     return tuple(out)
 
 
@@ -193,7 +246,7 @@ def agreement() -> tuple[tuple[Backend, str | None, dict[str, float | str]], ...
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
                         out = pa.attention(q, k, v, **kwargs)
-                except Exception as exc:  # noqa: BLE001  (shown in the table, not hidden)
+                except Exception as exc:
                     first = str(exc).splitlines()[0] if str(exc) else ""
                     errors[label] = f"{type(exc).__name__}: {first}"
                     continue
@@ -217,8 +270,10 @@ def agreement_markdown() -> str:
     lines = [head, "|---|---|" + "---:|" * (len(CHECKS) + 1)]
     failures: dict[str, str] = {}
     for be, dt, errors in agreement():
-        who = f"{be.name} {be.version}, {be.device_label}" if not be.missing else (
-            f"{be.name}, {be.device_label}"
+        who = (
+            f"{be.name} {be.version}, {be.device_label}"
+            if not be.missing
+            else (f"{be.name}, {be.device_label}")
         )
         if dt is None:
             rest = " | ".join("—" for _ in CHECKS)
@@ -281,7 +336,6 @@ def permutation_rows() -> list[tuple[str, str, Any]]:
                 warnings.simplefilter("ignore")
                 out.append((be.name, dt, chapter.permutation_check(xp=be.xp, dtype=dtype)))
     return out
-
 
 
 def worst_in_eps() -> str:

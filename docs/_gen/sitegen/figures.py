@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import io
-import math
 import re
 from collections.abc import Sequence
 from functools import cache
@@ -39,7 +38,9 @@ def scaling_markdown(init: str = "constant") -> str:
         f"| d | without ÷√d | with ÷√d | uniform (1/{SEQ_LEN}) |",
         "|---:|---:|---:|---:|",
     ]
-    lines += [f"| {r.d} | {_f(r.unscaled)} | {_f(r.scaled)} | {_f(uniform)} |" for r in scaling(init)]
+    lines += [
+        f"| {r.d} | {_f(r.unscaled)} | {_f(r.scaled)} | {_f(uniform)} |" for r in scaling(init)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -96,10 +97,10 @@ def scaling_plot() -> str:
         for ax, (init, title) in zip(axes, panels, strict=True):
             rows = scaling(init, PLOT_DIMS)
             d = [r.d for r in rows]
-            ax.plot(d, [r.unscaled for r in rows], "o-", ms=3, color=colours(0.15),
-                    label="without ÷√d")
-            ax.plot(d, [r.scaled for r in rows], "s-", ms=3, color=colours(0.6),
-                    label="with ÷√d")
+            ax.plot(
+                d, [r.unscaled for r in rows], "o-", ms=3, color=colours(0.15), label="without ÷√d"
+            )
+            ax.plot(d, [r.scaled for r in rows], "s-", ms=3, color=colours(0.6), label="with ÷√d")
             ax.axhline(1 / SEQ_LEN, ls="--", color="0.45", lw=1, label=f"uniform, 1/{SEQ_LEN}")
             ax.set_xscale("log", base=2)
             ax.set_xlabel("head width d (log scale)")
@@ -158,7 +159,8 @@ def heatmap_svg(tokens: Sequence[str], weights: object, *, label: str) -> str:
     for i, tok in enumerate(tokens):
         y = top + i * cell
         parts.append(
-            f'<text x="{left - 8}" y="{y + cell / 2 + 4}" text-anchor="end">{html.escape(tok)}</text>'
+            f'<text x="{left - 8}" y="{y + cell / 2 + 4}" text-anchor="end">'
+            f"{html.escape(tok)}</text>"
         )
         for j in range(n):
             fill, ink = colour(float(w[i, j]))
@@ -180,8 +182,11 @@ def demo_heatmap(*, causal: bool) -> str:
     """The "The cat sat on mat" heatmap as a captioned static figure."""
     tokens = chapter.DEMO_TOKENS
     state = "on" if causal else "off"
-    svg = heatmap_svg(tokens, chapter.demo_weights(tokens, causal=causal),
-                      label=f"Attention weights, causal mask {state}")
+    svg = heatmap_svg(
+        tokens,
+        chapter.demo_weights(tokens, causal=causal),
+        label=f"Attention weights, causal mask {state}",
+    )
     caption = (
         f"Causal mask {state}. Rows are the tokens that look (queries), columns the tokens "
         "looked at (keys); every row adds up to 100%."

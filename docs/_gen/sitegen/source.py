@@ -40,5 +40,5 @@ def show(obj: Any, *, start: str | None = None, stop: str | None = None) -> str:
             raise LookupError(msg)
     text = textwrap.dedent("".join(lines[lo:hi])).rstrip()
     where = _relative(inspect.getsourcefile(obj) or "")
-    title = f"{where}, lines {first + lo}–{first + hi - 1}"
+    title = f"{where}, lines {first + lo} to {first + hi - 1}"
     return f'```python linenums="{first + lo}" title="{title}"\n{text}\n```\n'
