@@ -131,10 +131,37 @@
       show(i);
     }
 
-    toggle.addEventListener("click", function () {
-      causal = !causal;
+    function setMask(on) {
+      if (on === causal) return;
+      causal = on;
       draw();
       show(pinned);
+    }
+
+    /* The page's content tabs with the same titles show the same two states;
+       keep them and the switch in step, whichever the reader uses. */
+    function tabTitle(input) {
+      var label = document.querySelector('label[for="' + input.id + '"]');
+      return label ? label.textContent.trim() : null;
+    }
+    var tabs = data.tabs || {};
+    toggle.addEventListener("click", function () {
+      setMask(!causal);
+      var want = causal ? tabs.on : tabs.off;
+      var inputs = document.querySelectorAll(".tabbed-set > input");
+      for (var k = 0; k < inputs.length; k++) {
+        if (tabTitle(inputs[k]) === want) {
+          if (!inputs[k].checked) inputs[k].click();
+          break;
+        }
+      }
+    });
+    document.addEventListener("change", function (event) {
+      var input = event.target;
+      if (!input.matches || !input.matches(".tabbed-set > input") || !input.checked) return;
+      var title = tabTitle(input);
+      if (title === tabs.on) setMask(true);
+      else if (title === tabs.off) setMask(false);
     });
     rows.forEach(function (tr, i) {
       tr.addEventListener("mouseenter", function () { show(i); });

@@ -240,3 +240,22 @@ def test_static_fallback_without_javascript(browser: Any, base_url: str, screens
         page.locator(".pa-heatmap").screenshot(path=str(screenshots / "widget-no-js.png"))
     finally:
         page.context.close()
+
+
+def test_widget_switch_and_tabs_move_together(chapter_page: tuple[Any, Visit]) -> None:
+    page, visit = chapter_page
+    toggle = page.locator(".pa-heatmap .pa-hm-toggle")
+
+    def checked_titles() -> list[str]:
+        return page.evaluate(
+            """() => [...document.querySelectorAll('.tabbed-set > input:checked')]
+                .map(i => document.querySelector(`label[for="${i.id}"]`).textContent.trim())"""
+        )
+
+    assert set(checked_titles()) == {"Causal mask on"}
+    toggle.click()
+    assert set(checked_titles()) == {"Causal mask off"}
+    page.locator(".tabbed-labels label", has_text="Causal mask on").first.click()
+    assert toggle.get_attribute("aria-checked") == "true"
+    assert set(checked_titles()) == {"Causal mask on"}
+    visit.assert_clean()

@@ -10,6 +10,11 @@ from portattn.testing import to_numpy
 
 from .figures import heatmap_svg, percentages, viridis
 
+# The titles of the chapter's linked content tabs; the widget's switch follows
+# them and moves them.
+TAB_ON = "Causal mask on"
+TAB_OFF = "Causal mask off"
+
 
 def heatmap_widget() -> str:
     """The widget's container, its JSON data, and a static figure for readers without JavaScript.
@@ -19,7 +24,11 @@ def heatmap_widget() -> str:
     ``describe_row`` uses, so the widget's sentences match the library's.
     """
     tokens = list(chapter.DEMO_TOKENS)
-    data: dict[str, object] = {"tokens": tokens, "colormap": list(viridis())}
+    data: dict[str, object] = {
+        "tokens": tokens,
+        "colormap": list(viridis()),
+        "tabs": {"on": TAB_ON, "off": TAB_OFF},
+    }
     for key, causal in (("causal", True), ("full", False)):
         w = chapter.demo_weights(tokens, causal=causal)
         data[key] = {
