@@ -27,7 +27,7 @@ _IMPLS = ("auto", "materialize", "blockwise", "native")
 
 # Below this many (query, key) pairs per batch entry, materialising the score
 # matrix is cheaper than any blocking machinery.
-_AUTO_MATERIALIZE_MAX_PAIRS = 512 * 512
+_AUTO_MATERIALIZE_MAX_PAIRS = 256 * 256
 
 
 def attention(

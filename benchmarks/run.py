@@ -1,0 +1,335 @@
+"""CPU benchmarks: portattn on numpy and torch against torch SDPA and plain NumPy.
+
+Run as ``python benchmarks/run.py`` (``nox -s bench``). Every subject at one
+size is timed in the same rounds, interleaved, so that load from other
+processes hits peers alike; ratios are taken within a run. Writes
+``benchmarks/results/cpu.json`` (the record the docs render),
+``benchmarks/results/cpu.md`` and two plots.
+
+Options: ``--quick`` (N up to 2048, 3 rounds; for a smoke test, not for the
+record), ``--out DIR``.
+
+Peak memory is measured with tracemalloc (NumPy reports its allocations to
+it) in a fresh subprocess per point, so nothing cached by an earlier call
+counts. The inputs are allocated before tracing starts: the peak is the
+extra memory the call needs, output included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+H, D, B = 8, 64, 1
+SIZES = (128, 512, 2048, 8192)
+MEMORY_SIZES = (128, 512, 2048, 8192, 16384)
+# Materialising (N, N) scores for 8 heads at N=8192 takes 2 GiB per temporary
+# and several seconds per call; the point of the blockwise path is not to.
+MATERIALIZE_MAX_N = 2048
+MATERIALIZE_MEMORY_MAX_N = 4096
+
+
+def plain_numpy(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
+    """The textbook formula, materialising the scores; the baseline to beat."""
+    s = q @ np.swapaxes(k, -1, -2)  # (B, H, N, N)
+    s *= 1.0 / np.sqrt(q.shape[-1])
+    if causal:
+        n = s.shape[-1]
+        s = np.where(np.tri(n, dtype=bool), s, -np.inf)
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return s @ v
+
+
+def gflop(n: int, causal: bool) -> float:
+    flops = 4.0 * B * H * n * n * D
+    return (flops / 2 if causal else flops) / 1e9
+
+
+def subjects(n: int, causal: bool) -> dict[str, Callable[[], Any]]:
+    import torch
+
+    import portattn as pa
+
+    rng = np.random.default_rng(n)
+    q, k, v = (rng.standard_normal((B, H, n, D), dtype=np.float32) for _ in range(3))
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    out: dict[str, Callable[[], Any]] = {
+        "torch SDPA": lambda: sdpa(tq, tk, tv, is_causal=causal),
+    }
+    if n <= MATERIALIZE_MAX_N:
+        out["plain numpy"] = lambda: plain_numpy(q, k, v, causal)
+    for impl in ("auto", "blockwise", "materialize"):
+        if impl == "materialize" and n > MATERIALIZE_MAX_N:
+            continue
+        out[f"portattn numpy {impl}"] = lambda impl=impl: pa.attention(
+            q, k, v, causal=causal, impl=impl
+        )
+        out[f"portattn torch {impl}"] = lambda impl=impl: pa.attention(
+            tq, tk, tv, causal=causal, impl=impl
+        )
+    out["portattn torch native"] = lambda: pa.attention(tq, tk, tv, causal=causal, impl="native")
+    return out
+
+
+def time_interleaved(funcs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    for f in funcs.values():  # warm up: imports, allocator, BLAS threads
+        f()
+    times: dict[str, list[float]] = {name: [] for name in funcs}
+    for _ in range(rounds):
+        for name, f in funcs.items():
+            t0 = time.perf_counter()
+            f()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def chapter_overhead(rounds: int) -> dict[str, Any]:
+    """Per-call time at the chapter's size (6 tokens, d=8): fixed overhead, not FLOPs."""
+    import portattn as pa
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((6, 8), dtype=np.float32) for _ in range(3))
+    scale = np.float32(1 / np.sqrt(8))
+
+    def hand_written() -> np.ndarray:
+        s = (q @ k.T) * scale
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        return (e / e.sum(axis=-1, keepdims=True)) @ v
+
+    funcs = {
+        "plain numpy": hand_written,
+        "portattn": lambda: pa.attention(q, k, v),
+        "portattn causal": lambda: pa.attention(q, k, v, causal=True),
+    }
+    loops = 2000
+    per_call: dict[str, list[float]] = {name: [] for name in funcs}
+    for _ in range(rounds):
+        for name, f in funcs.items():
+            t0 = time.perf_counter()
+            for _ in range(loops):
+                f()
+            per_call[name].append((time.perf_counter() - t0) / loops)
+    med = {name: statistics.median(ts) for name, ts in per_call.items()}
+    return {
+        "shape": [6, 8],
+        "median_us": {name: m * 1e6 for name, m in med.items()},
+        "ratio_to_plain": {name: m / med["plain numpy"] for name, m in med.items()},
+    }
+
+
+_MEMORY_CHILD = """
+import sys, tracemalloc, numpy as np, portattn as pa
+n, impl = int(sys.argv[1]), sys.argv[2]
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal((1, 8, n, 64), dtype=np.float32) for _ in range(3))
+pa.attention(q[..., :64, :], k[..., :64, :], v[..., :64, :], impl=impl)  # imports, caches
+tracemalloc.start()
+out = pa.attention(q, k, v, impl=impl)
+_, peak = tracemalloc.get_traced_memory()
+print(peak, 4 * q.nbytes)
+"""
+
+
+def memory(sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+    rows = []
+    for n in sizes:
+        for impl in ("blockwise", "materialize"):
+            if impl == "materialize" and n > MATERIALIZE_MEMORY_MAX_N:
+                continue
+            res = subprocess.run(
+                [sys.executable, "-c", _MEMORY_CHILD, str(n), impl],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            peak, io = map(int, res.stdout.split())
+            rows.append(
+                {
+                    "subject": f"portattn numpy {impl}",
+                    "n": n,
+                    "peak_bytes": peak,
+                    "inputs_plus_output_bytes": io,
+                    "ratio": peak / io,
+                }
+            )
+            mib = peak / 2**20
+            print(f"  memory N={n:5d} {impl:11s} peak {mib:9.1f} MiB = {peak / io:.2f}x io")
+    return rows
+
+
+def machine() -> dict[str, Any]:
+    import torch
+    from threadpoolctl import threadpool_info
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import array_api_compat
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "torch": torch.__version__,
+        "array_api_compat": array_api_compat.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "blas": [
+            {k: info.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
+            for info in threadpool_info()
+            if info.get("user_api") == "blas"
+        ],
+        "openblas_env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")},
+    }
+
+
+def summarise(times: dict[str, list[float]], n: int, causal: bool) -> list[dict[str, Any]]:
+    rows = []
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        rows.append(
+            {
+                "subject": name,
+                "n": n,
+                "causal": causal,
+                "runs": len(ts),
+                "median_s": med,
+                "min_s": min(ts),
+                "gflops": gflop(n, causal) / med,
+            }
+        )
+    sdpa = next(r for r in rows if r["subject"] == "torch SDPA")
+    for r in rows:
+        r["vs_sdpa"] = r["gflops"] / sdpa["gflops"]
+    return rows
+
+
+def markdown(record: dict[str, Any]) -> str:
+    lines = [
+        f"# portattn CPU benchmarks, {record['date']}",
+        "",
+        f"{record['machine']['cpu']}, {record['machine']['cores']} cores; "
+        f"load average {record['load_before']} before, {record['load_after']} after.",
+        "",
+        "| N | causal | subject | median ms | GFLOP/s | vs SDPA |",
+        "| ---: | :---: | --- | ---: | ---: | ---: |",
+    ]
+    for r in record["throughput"]:
+        lines.append(
+            f"| {r['n']} | {'yes' if r['causal'] else 'no'} | {r['subject']} | "
+            f"{r['median_s'] * 1e3:.1f} | {r['gflops']:.1f} | {r['vs_sdpa']:.2f} |"
+        )
+    lines += ["", "| N | subject | peak MiB | x (inputs + output) |"]
+    lines += ["| ---: | --- | ---: | ---: |"]
+    for r in record["memory"]:
+        lines.append(
+            f"| {r['n']} | {r['subject']} | {r['peak_bytes'] / 2**20:.1f} | {r['ratio']:.2f} |"
+        )
+    ch = record["chapter"]
+    lines += ["", "| 6 x 8 | median us | x plain numpy |", "| --- | ---: | ---: |"]
+    for name, us in ch["median_us"].items():
+        lines.append(f"| {name} | {us:.1f} | {ch['ratio_to_plain'][name]:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(record: dict[str, Any], out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plots")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, causal in zip(axes, (False, True), strict=True):
+        rows = [r for r in record["throughput"] if r["causal"] == causal]
+        for name in dict.fromkeys(r["subject"] for r in rows):
+            pts = sorted((r["n"], r["gflops"]) for r in rows if r["subject"] == name)
+            ax.plot(*zip(*pts, strict=True), marker="o", label=name)
+        ax.set(xscale="log", yscale="log", xlabel="N", title=f"causal={causal}")
+    axes[0].set_ylabel("GFLOP/s")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=110)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in dict.fromkeys(r["subject"] for r in record["memory"]):
+        mine = [r for r in record["memory"] if r["subject"] == name]
+        pts = sorted((r["n"], r["peak_bytes"] / 2**20) for r in mine)
+        ax.plot(*zip(*pts, strict=True), marker="o", label=name)
+    io = sorted({(r["n"], 2 * r["inputs_plus_output_bytes"] / 2**20) for r in record["memory"]})
+    ax.plot(*zip(*io, strict=True), ls="--", color="grey", label="2 x (inputs + output)")
+    ax.set(xscale="log", yscale="log", xlabel="N", ylabel="peak extra MiB (tracemalloc)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "memory.png", dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="N <= 2048, 3 rounds (smoke test)")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args()
+    sizes = tuple(n for n in SIZES if n <= 2048) if args.quick else SIZES
+    mem_sizes = tuple(n for n in MEMORY_SIZES if n <= 2048) if args.quick else MEMORY_SIZES
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    record: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "config": {"B": B, "H": H, "d": D, "dtype": "float32", "sizes": list(sizes)},
+        "skipped": [
+            f"materialize and plain numpy above N={MATERIALIZE_MAX_N} (throughput) and "
+            f"materialize above N={MATERIALIZE_MEMORY_MAX_N} (memory): (N, N) scores for "
+            "8 heads take 2 GiB per temporary at N=8192, 8.6 GB at N=16384",
+        ],
+        "throughput": [],
+    }
+    for n in sizes:
+        for causal in (False, True):
+            rounds = 3 if args.quick else (7 if n <= 2048 else 5)
+            times = time_interleaved(subjects(n, causal), rounds)
+            rows = summarise(times, n, causal)
+            record["throughput"] += rows
+            for r in rows:
+                print(
+                    f"N={n:5d} causal={causal!s:5} {r['subject']:28s} "
+                    f"{r['median_s'] * 1e3:9.2f} ms {r['gflops']:7.1f} GFLOP/s x{r['vs_sdpa']:.2f}"
+                )
+    record["memory"] = memory(mem_sizes)
+    record["chapter"] = chapter_overhead(3 if args.quick else 7)
+    print("chapter size:", record["chapter"]["median_us"])
+    record["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    name = "cpu-quick" if args.quick else "cpu"
+    (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    (args.out / f"{name}.md").write_text(markdown(record))
+    if not args.quick:
+        plots(record, args.out)
+    print(f"wrote {args.out / (name + '.json')}")
+
+
+if __name__ == "__main__":
+    main()
