@@ -26,7 +26,11 @@ def to_mathml(latex: str, *, block: bool) -> str:
 
 def render_math(page_html: str) -> str:
     """Replace every arithmatex block, inline formula and ``:math:`` role with MathML."""
-    page_html = _BLOCK.sub(lambda m: to_mathml(m.group(1), block=True), page_html)
+    # A wide display formula scrolls inside its own box instead of being cut off.
+    page_html = _BLOCK.sub(
+        lambda m: f'<div class="pa-math-block">{to_mathml(m.group(1), block=True)}</div>',
+        page_html,
+    )
     page_html = _INLINE.sub(lambda m: to_mathml(m.group(1), block=False), page_html)
     return _ROLE_MATH.sub(lambda m: to_mathml(m.group(1), block=False), page_html)
 
