@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import portattn as pa
-from conftest import Backend
 from portattn.testing import assert_close, to_numpy
+
+from conftest import Backend
 
 B, L, D = 2, 21, 12  # L > 16 makes the growing cache reallocate
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import portattn as pa
-from conftest import Backend, rtol_for
 from portattn.testing import assert_close, to_numpy
+
+from conftest import Backend, rtol_for
 
 B, H, L, D, DV = 2, 3, 23, 5, 4
 

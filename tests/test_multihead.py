@@ -11,10 +11,11 @@ import pytest
 import torch
 
 import portattn as pa
-from conftest import Backend, rtol_for
 from portattn import _multihead
 from portattn._lib import _compat
 from portattn.testing import assert_close, to_numpy
+
+from conftest import Backend, rtol_for
 
 B, LQ, LK, D = 2, 5, 7, 12
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import portattn as pa
-from conftest import Backend, rtol_for
 from portattn.testing import assert_close, to_numpy
+
+from conftest import Backend, rtol_for
 
 L, D = 9, 8
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import portattn as pa
-from conftest import Backend, rtol_for
 from portattn.testing import assert_close, to_numpy
+
+from conftest import Backend, rtol_for
 
 B, H, D = 2, 3, 4
 JAX_RTOL = 1e-6  # jax's float32 softmax, see the module docstring
