@@ -190,7 +190,7 @@ def run_attention(
 
         out, lse = blockwise_attention(p, block_size=block_size, xp=xp)
     else:
-        out, lse = _materialized(p, xp=xp)
+        out, lse = _materialized(p, want_lse=return_lse, xp=xp)
     out = narrow(out, p.out_dtype, xp=xp)
     return (out, lse) if return_lse else out
 
@@ -207,16 +207,18 @@ def _weights(p: Problem, *, xp: Namespace) -> tuple[Array, Array, Array]:
     bias = p.bias_tile(0, p.lq, 0, p.lk)
     if bias is not None:
         scores = scores + bias
-    return masked_softmax(scores, p.allowed(0, p.lq, 0, p.lk, xp=xp), xp=xp)
+    allowed = p.allowed(0, p.lq, 0, p.lk, xp=xp)
+    return masked_softmax(scores, allowed, xp=xp, may_hide=bias is not None)
 
 
-def _materialized(p: Problem, *, xp: Namespace) -> tuple[Array, Array]:
+def _materialized(p: Problem, *, want_lse: bool, xp: Namespace) -> tuple[Array, Array | None]:
     if p.lk == 0:
         return empty_keys(p, xp=xp)
     weights, row_max, total = _weights(p, xp=xp)
-    out = weights @ p.v  # (..., Lq, dv)
-    lse = lse_from(row_max, total, xp=xp)  # (..., Lq)
-    return expand(out, (*p.batch, p.lq, p.dv), xp=xp), expand(lse, (*p.batch, p.lq), xp=xp)
+    out = expand(weights @ p.v, (*p.batch, p.lq, p.dv), xp=xp)  # (..., Lq, dv)
+    if not want_lse:
+        return out, None
+    return out, expand(lse_from(row_max, total, xp=xp), (*p.batch, p.lq), xp=xp)  # (..., Lq)
 
 
 def expand(x: Array, shape: tuple[int, ...], *, xp: Namespace) -> Array:

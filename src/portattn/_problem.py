@@ -18,6 +18,7 @@ from ._lib._checks import (
     check_rank,
     check_same_device,
     dtype_name,
+    has_kind,
 )
 from ._lib._precision import compute_dtype
 from ._lib._typing import Array, Device, DType, Namespace
@@ -26,9 +27,9 @@ from ._masks import Structure, length_mask, normalize_window
 __all__ = ["Problem", "prepare"]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Problem:
-    """A validated attention call. ``q`` is already multiplied by the scale."""
+    """A validated attention call (never modified after ``prepare``); ``q`` is already scaled."""
 
     q: Array  # (..., Lq, d), compute dtype
     k: Array  # (..., Lk, d)
@@ -93,7 +94,7 @@ def _align(x: Array, ndim: int, *, xp: Namespace) -> Array:
 
 
 def _check_lengths(name: str, x: Array | None, *, xp: Namespace) -> None:
-    if x is not None and not xp.isdtype(x.dtype, "integral"):
+    if x is not None and not has_kind(x.dtype, "integral", xp=xp):
         msg = f"expected {name} to be an integer array of valid lengths, got {dtype_name(x.dtype)}"
         raise TypeError(msg)
 
@@ -182,9 +183,10 @@ def prepare(
     scale_value = 1.0 / math.sqrt(d) if scale is None else check_finite_scale(scale)
 
     dtypes = [x.dtype for _, x in arrays if x is not None]
-    out_dtype = xp.result_type(*dtypes)
+    same = all(dt == dtypes[0] for dt in dtypes[1:])
+    out_dtype = dtypes[0] if same else xp.result_type(*dtypes)
     work = compute_dtype(out_dtype, xp=xp)
-    q = xp.astype(query, work, copy=False) * xp.asarray(scale_value, dtype=work, device=dev)
+    q = xp.astype(query, work, copy=False) * scale_value  # a Python scalar keeps q's dtype
     k = xp.astype(key, work, copy=False)
     v = None if value is None else xp.astype(value, work, copy=False)
     ndim = len(batch) + 2

@@ -12,6 +12,11 @@ from ._lib._typing import Array, Namespace
 __all__ = ["exp_floor", "masked_softmax", "safe_exp", "softmax"]
 
 
+# Keyed by (namespace, dtype): dtypes of different libraries may hash alike
+# and must never be compared with each other.
+_FLOORS: dict[tuple[object, object], float] = {}
+
+
 def exp_floor(dtype: object, *, xp: Namespace) -> float:
     """Below this exponent a weight is treated as exactly 0.
 
@@ -20,7 +25,10 @@ def exp_floor(dtype: object, *, xp: Namespace) -> float:
     times smaller than the smallest normal number, far below any precision
     the result can hold; the margin keeps ``e / sum`` normal as well.
     """
-    return math.log(float(xp.finfo(dtype).smallest_normal)) + 30.0
+    floor = _FLOORS.get((xp, dtype))
+    if floor is None:
+        floor = _FLOORS[xp, dtype] = math.log(float(xp.finfo(dtype).smallest_normal)) + 30.0
+    return floor
 
 
 def safe_exp(z: Array, floor: float, *, xp: Namespace) -> Array:
@@ -30,7 +38,7 @@ def safe_exp(z: Array, floor: float, *, xp: Namespace) -> Array:
 
 
 def masked_softmax(
-    scores: Array, allowed: Array | None, *, xp: Namespace
+    scores: Array, allowed: Array | None, *, xp: Namespace, may_hide: bool = True
 ) -> tuple[Array, Array, Array]:
     """Softmax over the last axis of ``scores`` where ``allowed``; returns ``(weights, max, sum)``.
 
@@ -39,16 +47,24 @@ def masked_softmax(
     ``-inf - -inf`` never happens), sums to 0, and comes out as zeros.
     ``max`` and ``sum`` are returned (keepdims) so callers can form the
     log-sum-exp. No floating-point flag is raised, underflow included.
+
+    ``may_hide=False`` promises that no entry is ``-inf`` (no mask, no bias),
+    so no row can be empty and those guards are skipped: small calls are
+    dominated by per-operation overhead.
     """
-    neg_inf = xp.asarray(-xp.inf, dtype=scores.dtype, device=device(scores))
     if allowed is not None:
+        neg_inf = xp.asarray(-xp.inf, dtype=scores.dtype, device=device(scores))
         scores = xp.where(allowed, scores, neg_inf)
     row_max = xp.max(scores, axis=-1, keepdims=True)
-    shift = xp.where(row_max == neg_inf, xp.zeros_like(row_max), row_max)
+    shift = row_max
+    if may_hide or allowed is not None:
+        shift = xp.where(xp.isinf(row_max), xp.zeros_like(row_max), row_max)
     e = safe_exp(scores - shift, exp_floor(scores.dtype, xp=xp), xp=xp)
     total = xp.sum(e, axis=-1, keepdims=True)
-    weights = e / xp.where(total > 0, total, xp.ones_like(total))
-    return weights, row_max, total
+    if may_hide or allowed is not None:
+        total_safe = xp.where(total > 0, total, xp.ones_like(total))
+        return e / total_safe, row_max, total
+    return e / total, row_max, total
 
 
 def softmax(x: Array, /, *, axis: int = -1) -> Array:
@@ -92,7 +108,7 @@ def softmax(x: Array, /, *, axis: int = -1) -> Array:
     moved = axis not in (-1, x.ndim - 1)
     if moved:
         work = xp.moveaxis(work, axis, -1)
-    weights, _, _ = masked_softmax(work, None, xp=xp)
+    weights, _, _ = masked_softmax(work, None, xp=xp)  # -inf entries are allowed here
     if moved:
         weights = xp.moveaxis(weights, -1, axis)
     return narrow(weights, dtype, xp=xp)

@@ -6,7 +6,7 @@ import math
 import numbers
 from collections.abc import Sequence
 
-from ._compat import device
+from ._compat import device_of
 from ._precision import compute_dtype
 from ._typing import Array, Device, DType, Namespace
 
@@ -19,6 +19,7 @@ __all__ = [
     "check_same_device",
     "compute_dtype",
     "dtype_name",
+    "has_kind",
 ]
 
 
@@ -32,22 +33,34 @@ def dtype_name(dtype: DType) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
+_KIND_CACHE: dict[tuple[object, object, str], bool] = {}
+
+
+def has_kind(dtype: DType, kind: str, *, xp: Namespace) -> bool:
+    """``xp.isdtype(dtype, kind)``, memoised: dtypes and namespaces are few and hashable."""
+    key = (xp, dtype, kind)
+    hit = _KIND_CACHE.get(key)
+    if hit is None:
+        hit = _KIND_CACHE[key] = bool(xp.isdtype(dtype, kind))
+    return hit
+
+
 def check_floating(name: str, x: Array, *, xp: Namespace) -> None:
     """Raise TypeError unless ``x`` has a real floating dtype."""
-    if not xp.isdtype(x.dtype, "real floating"):
+    if not has_kind(x.dtype, "real floating", xp=xp):
         msg = f"expected {name} to have a real floating dtype, got {dtype_name(x.dtype)}"
-        if xp.isdtype(x.dtype, "bool") and name == "bias":
+        if has_kind(x.dtype, "bool", xp=xp) and name == "bias":
             msg += " (boolean masks go to mask=, True where attention is allowed)"
         raise TypeError(msg)
 
 
 def check_bool(name: str, x: Array, *, xp: Namespace) -> None:
     """Raise TypeError unless ``x`` is boolean."""
-    if not xp.isdtype(x.dtype, "bool"):
+    if not has_kind(x.dtype, "bool", xp=xp):
         msg = (
             f"expected {name} to be a boolean array (True = may attend), got {dtype_name(x.dtype)}"
         )
-        if xp.isdtype(x.dtype, "real floating"):
+        if has_kind(x.dtype, "real floating", xp=xp):
             msg += "; pass additive float masks as bias="
         raise TypeError(msg)
 
@@ -68,7 +81,7 @@ def check_same_device(named: Sequence[tuple[str, Array | None]]) -> Device:
     for name, x in named:
         if x is None:
             continue
-        dev = device(x)
+        dev = device_of(x)
         if first_name == "":
             first_name, first_dev = name, dev
         elif dev != first_dev:
@@ -94,6 +107,8 @@ def check_finite_scale(scale: object) -> float:
 
 def broadcast_shapes(named: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[int, ...]:
     """Broadcast shapes by NumPy rules, naming the offending input on failure."""
+    if all(tuple(shape) == tuple(named[0][1]) for _, shape in named):
+        return tuple(named[0][1]) if named else ()
     result: tuple[int, ...] = ()
     so_far: list[str] = []
     for name, shape in named:

@@ -12,20 +12,28 @@ from types import ModuleType
 from typing import Any
 
 import array_api_compat
-from array_api_compat import device, is_array_api_obj, to_device
+from array_api_compat import device, is_array_api_obj, is_writeable_array, to_device
 
 __all__ = [
     "array_namespace",
     "device",
+    "device_of",
     "is_array_api_obj",
+    "is_writeable_array",
     "library_name",
     "resolve_namespace",
     "to_device",
 ]
 
 
+_NAMESPACE_BY_TYPES: dict[tuple[type, ...], ModuleType] = {}
+
+
 def array_namespace(*arrays: Any) -> ModuleType:
     """Return the array API namespace shared by ``arrays`` (``None`` entries ignored).
+
+    The answer depends only on the arrays' types, so it is cached by the
+    tuple of types (as einops does): a repeat call costs one dict lookup.
 
     Raises
     ------
@@ -34,6 +42,10 @@ def array_namespace(*arrays: Any) -> ModuleType:
         argument is not an array at all.
     """
     present = [a for a in arrays if a is not None]
+    key = tuple(type(a) for a in present)
+    cached = _NAMESPACE_BY_TYPES.get(key)
+    if cached is not None:
+        return cached
     for a in present:
         if not is_array_api_obj(a):
             msg = (
@@ -42,7 +54,7 @@ def array_namespace(*arrays: Any) -> ModuleType:
             )
             raise TypeError(msg)
     try:
-        return array_api_compat.array_namespace(*present)
+        xp = array_api_compat.array_namespace(*present)
     except TypeError:
         libs = sorted({library_name(a) for a in present})
         msg = (
@@ -50,6 +62,16 @@ def array_namespace(*arrays: Any) -> ModuleType:
             f"{' and '.join(libs)}; convert them to one library first"
         )
         raise TypeError(msg) from None
+    _NAMESPACE_BY_TYPES[key] = xp
+    return xp
+
+
+def device_of(x: Any) -> Any:
+    """The device of ``x``: its standard ``.device`` attribute, or array-api-compat's answer."""
+    dev = getattr(x, "device", None)
+    if dev is None or callable(dev):
+        return device(x)
+    return dev
 
 
 def library_name(x: Any) -> str:
