@@ -24,8 +24,9 @@ nox.options.error_on_missing_interpreters = True
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 TEST_GROUPS = nox.project.dependency_groups(PYPROJECT, "test")
 # torch is also the outside oracle (scaled_dot_product_attention), so every
-# test session installs it. On CI, .ci/run pins the CPU wheel through
-# PIP_CONSTRAINT; users elsewhere get whatever torch their pip resolves.
+# test session installs it; jax, the other oracle, is in the test group. On
+# CI, .ci/run pins torch's CPU wheel through PIP_CONSTRAINT; users elsewhere
+# get whatever torch their pip resolves.
 ORACLES = ".[torch]"
 
 
@@ -70,8 +71,8 @@ def tests_strict(session: nox.Session) -> None:
 @nox.session(name="tests-all")
 def tests_all(session: nox.Session) -> None:
     """All CPU backends in one environment, compared with each other; run the doctests."""
-    session.install(f"{ORACLES[:-1]},strict]", "jax", *TEST_GROUPS)
-    _pytest(session, "numpy,numpy_readonly,torch,array_api_strict")
+    session.install(f"{ORACLES[:-1]},strict]", *TEST_GROUPS)
+    _pytest(session, "numpy,numpy_readonly,torch,array_api_strict,jax")
     session.run("pytest", "--doctest-modules", "--pyargs", "portattn", "-p", "no:cacheprovider")
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-KNOWN = ("numpy", "numpy_readonly", "torch", "torch_cuda", "cupy", "array_api_strict")
+KNOWN = ("numpy", "numpy_readonly", "torch", "torch_cuda", "cupy", "array_api_strict", "jax")
 ENV = "PORTATTN_BACKENDS"
 
 
@@ -92,6 +92,14 @@ def _load(name: str) -> Backend:
         xps = importlib.import_module("array_api_strict")
         xps.set_array_api_strict_flags(boolean_indexing=False, data_dependent_shapes=False)
         return Backend(name, xps, xps.Device("CPU_DEVICE"), (), xps.asarray)
+    if name == "jax":
+        jax = importlib.import_module("jax")
+        jax.config.update("jax_enable_x64", True)  # float64 must stay float64
+        jnp = importlib.import_module("jax.numpy")
+        cpu = jax.devices("cpu")[0]
+        return Backend(
+            name, jnp, cpu, (jnp.float16, jnp.bfloat16), lambda a: jax.device_put(a, cpu)
+        )
     msg = f"unknown backend {name!r}"
     raise ValueError(msg)
 

@@ -45,8 +45,10 @@ def test_lse_matches_reference(backend: Backend, rng, impl):
 
 def test_lse_is_in_compute_dtype_for_half(backend: Backend, rng):
     xp = backend.xp
+    # The standard defines no half precision, so array_api_strict alone has none.
+    assert backend.half_dtypes or backend.name == "array_api_strict"
     if not backend.half_dtypes:
-        pytest.skip(f"{backend.name} has no half-precision dtype")
+        return
     half = backend.half_dtypes[0]
     q = backend.asarray(rng.standard_normal((4, 8)), half)
     out, lse = pa.attention(q, q, q, return_lse=True)

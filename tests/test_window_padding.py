@@ -26,9 +26,8 @@ IMPLS = [
 
 
 def _jax():
-    jax = pytest.importorskip(
-        "jax", reason="jax is the optional oracle for local_window_size and seq lengths"
-    )
+    import jax  # in the test dependency group: the oracle for windows and seq lengths
+
     jax.config.update("jax_enable_x64", True)
     return jax
 

@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from ._attention import empty_keys, expand, lse_from
+from ._lib._compat import is_writeable_array
 from ._lib._typing import Array, Namespace
 from ._problem import Problem
 from ._softmax import exp_floor, safe_exp
@@ -87,13 +88,22 @@ def blockwise_attention(
         return expand(out, (*p.batch, p.lq, p.dv), xp=xp), expand(lse, (*p.batch, p.lq), xp=xp)
     # Each block is written into place, which also broadcasts it to the full
     # batch shape (a mask or lengths may carry batch axes the inputs lack).
+    # Libraries with immutable arrays (JAX) get the blocks concatenated.
     out = xp.empty((*p.batch, p.lq, p.dv), dtype=p.q.dtype, device=p.device)
     lse = xp.empty((*p.batch, p.lq), dtype=p.q.dtype, device=p.device)
+    in_place = is_writeable_array(out)
+    outs, lses = [], []
     for q0 in range(0, p.lq, bq):
         q1 = min(q0 + bq, p.lq)
         out_blk, lse_blk = _query_block(p, q0, q1, k_t, bk, floor=floor, xp=xp)
-        out[..., q0:q1, :] = out_blk
-        lse[..., q0:q1] = lse_blk
+        if in_place:
+            out[..., q0:q1, :] = out_blk
+            lse[..., q0:q1] = lse_blk
+        else:
+            outs.append(expand(out_blk, (*p.batch, q1 - q0, p.dv), xp=xp))
+            lses.append(expand(lse_blk, (*p.batch, q1 - q0), xp=xp))
+    if not in_place:
+        return xp.concat(outs, axis=-2), xp.concat(lses, axis=-1)
     return out, lse
 
 

@@ -9,7 +9,7 @@ sequence, which is why decoding aligns the causal mask bottom-right.
 from __future__ import annotations
 
 from ._lib._checks import dtype_name
-from ._lib._compat import array_namespace, resolve_namespace
+from ._lib._compat import array_namespace, is_writeable_array, resolve_namespace
 from ._lib._compat import device as device_of
 from ._lib._typing import Array, Device, DType, Namespace
 
@@ -188,17 +188,25 @@ class KVCache:
         end = self.length + n
         if end > int(self._k.shape[-2]):
             self._grow(end)
-        self._k[..., self.length : end, :] = keys
-        self._v[..., self.length : end, :] = values
+        self._k = self._write(self._k, self.length, keys)
+        self._v = self._write(self._v, self.length, values)
         self.length = end
         return self.keys, self.values
+
+    def _write(self, buffer: Array, start: int, new: Array) -> Array:
+        """Put ``new`` at token ``start``: in place, or rebuilt for immutable arrays (JAX)."""
+        end = start + int(new.shape[-2])
+        if is_writeable_array(buffer):
+            buffer[..., start:end, :] = new
+            return buffer
+        xp = self._xp  # JAX: no item assignment, so splice with concat (O(capacity) per append)
+        return xp.concat([buffer[..., :start, :], new, buffer[..., end:, :]], axis=-2)
 
     def _grow(self, needed: int) -> None:
         size = max(needed, 2 * int(self._k.shape[-2]))
         for name in ("_k", "_v"):
             old = getattr(self, name)
-            new = self._empty(size, self.device)
-            new[..., : self.length, :] = old[..., : self.length, :]
+            new = self._write(self._empty(size, self.device), 0, old[..., : self.length, :])
             setattr(self, name, new)
 
     def clear(self) -> None:

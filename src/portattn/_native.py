@@ -111,6 +111,12 @@ def _jax(
 ) -> Array:
     import jax
 
+    if q.dtype == xp.float64:
+        msg = (
+            "impl='native' on JAX cannot keep float64: jax.nn.dot_product_attention computes "
+            "its softmax in float32; use impl='auto' for float64"
+        )
+        raise NotImplementedError(msg)
     if q.shape[-1] != v.shape[-1]:
         msg = (
             "impl='native' on JAX needs value's feature size to equal query's "

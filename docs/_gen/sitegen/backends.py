@@ -304,7 +304,7 @@ def support_markdown() -> str:
         "PyTorch": "`tests-torch`",
         "array-api-strict": "`tests-strict`",
         "CuPy": "`tests-cupy`",
-        "JAX": "not in the test matrix",
+        "JAX": "`tests-all`",
     }
     lines = [
         "| library | device | dtypes | tested by | in the build of this site |",
