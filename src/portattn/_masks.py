@@ -7,6 +7,7 @@ without ever reading them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -145,17 +146,41 @@ class Structure:
                 return False
         return True
 
+    def shared_tile(
+        self, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace, device: Device
+    ) -> Array:
+        """:meth:`tile`, memoised for small tiles; the result is shared, so never write to it."""
+        if (q1 - q0) * (k1 - k0) > _SHARED_TILE_MAX:
+            return self.tile(q0, q1, k0, k1, xp=xp, device=device)
+        try:
+            return _shared_tile(self, q0, q1, k0, k1, xp, device)
+        except TypeError:  # a device object that cannot be hashed
+            return self.tile(q0, q1, k0, k1, xp=xp, device=device)
+
     def tile(self, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace, device: Device) -> Array:
         """The boolean mask of the tile ``[q0, q1) x [k0, k1)``, True where allowed."""
         qi = xp.arange(q0, q1, dtype=xp.int64, device=device)[:, None] + self.offset
         kj = xp.arange(k0, k1, dtype=xp.int64, device=device)[None, :]
-        allowed = xp.ones((q1 - q0, k1 - k0), dtype=xp.bool, device=device)
         if self.causal:
             allowed = kj <= qi
+        else:
+            allowed = xp.ones((q1 - q0, k1 - k0), dtype=xp.bool, device=device)
         if self.window is not None:
             left, right = self.window
             allowed = xp.logical_and(allowed, xp.logical_and(kj >= qi - left, kj <= qi + right))
         return allowed
+
+
+# Small position masks are rebuilt on every call of a decoding loop; keeping
+# the last few (at most 64 KiB of booleans each) saves the arange arithmetic.
+_SHARED_TILE_MAX = 1 << 16
+
+
+@functools.lru_cache(maxsize=64)
+def _shared_tile(
+    s: Structure, q0: int, q1: int, k0: int, k1: int, xp: Namespace, device: Device
+) -> Array:
+    return s.tile(q0, q1, k0, k1, xp=xp, device=device)
 
 
 def causal_mask(

@@ -7,6 +7,7 @@ place and the paths differ only in how they schedule the arithmetic.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -60,7 +61,7 @@ class Problem:
         """Everything that hides pairs in the tile, combined; ``None`` when nothing does."""
         parts = []
         if not self.structure.tile_is_full(q0, q1, k0, k1):
-            parts.append(self.structure.tile(q0, q1, k0, k1, xp=xp, device=self.device))
+            parts.append(self.structure.shared_tile(q0, q1, k0, k1, xp=xp, device=self.device))
         if self.mask is not None:
             parts.append(_tile(self.mask, q0, q1, k0, k1))
         if self.key_lengths is not None:
@@ -91,6 +92,24 @@ def _align(x: Array, ndim: int, *, xp: Namespace) -> Array:
     if x.ndim == ndim:
         return x
     return xp.reshape(x, (1,) * (ndim - x.ndim) + tuple(x.shape))
+
+
+def _as(x: Array, dtype: DType, *, xp: Namespace) -> Array:
+    """``x`` in ``dtype``, without a copy (or a call) when it already is."""
+    return x if x.dtype == dtype else xp.astype(x, dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_structure(lq: int, lk: int, causal: object, window: object) -> Structure:
+    return Structure.build(lq, lk, causal, normalize_window(window))  # type: ignore[arg-type]
+
+
+def _structure(lq: int, lk: int, causal: object, window: object) -> Structure:
+    """:meth:`Structure.build`, memoised: calls repeat the same few shapes and options."""
+    try:
+        return _cached_structure(lq, lk, causal, window)
+    except TypeError:  # an unhashable option: let the builder name what is wrong
+        return Structure.build(lq, lk, causal, normalize_window(window))  # type: ignore[arg-type]
 
 
 def _check_lengths(name: str, x: Array | None, *, xp: Namespace) -> None:
@@ -148,20 +167,26 @@ def prepare(
 
     dev = check_same_device(
         [
-            ("query", query),
-            ("key", key),
-            ("value", value),
-            ("mask", mask),
-            ("bias", bias),
-            ("key_lengths", key_lengths),
-            ("query_lengths", query_lengths),
+            (name, x)
+            for name, x in (
+                ("query", query),
+                ("key", key),
+                ("value", value),
+                ("mask", mask),
+                ("bias", bias),
+                ("key_lengths", key_lengths),
+                ("query_lengths", query_lengths),
+            )
+            if x is not None
         ]
     )
 
-    named_batches = [("query", tuple(query.shape[:-2])), ("key", tuple(key.shape[:-2]))]
-    if value is not None:
-        named_batches.append(("value", tuple(value.shape[:-2])))
-    batch = broadcast_shapes(named_batches)
+    batch = tuple(query.shape[:-2])
+    if tuple(key.shape[:-2]) != batch or (value is not None and tuple(value.shape[:-2]) != batch):
+        named_batches = [("query", batch), ("key", tuple(key.shape[:-2]))]
+        if value is not None:
+            named_batches.append(("value", tuple(value.shape[:-2])))
+        batch = broadcast_shapes(named_batches)
     for name, m in (("mask", mask), ("bias", bias)):
         if m is None:
             continue
@@ -179,23 +204,23 @@ def prepare(
         if n is not None:
             batch = broadcast_shapes([("the batch shape", batch), (name, tuple(n.shape))])
 
-    structure = Structure.build(lq, lk, causal, normalize_window(window))
+    structure = _structure(lq, lk, causal, window)
     scale_value = 1.0 / math.sqrt(d) if scale is None else check_finite_scale(scale)
 
     dtypes = [x.dtype for _, x in arrays if x is not None]
     same = all(dt == dtypes[0] for dt in dtypes[1:])
     out_dtype = dtypes[0] if same else xp.result_type(*dtypes)
     work = compute_dtype(out_dtype, xp=xp)
-    q = xp.astype(query, work, copy=False) * scale_value  # a Python scalar keeps q's dtype
-    k = xp.astype(key, work, copy=False)
-    v = None if value is None else xp.astype(value, work, copy=False)
+    q = _as(query, work, xp=xp) * scale_value  # a Python scalar keeps q's dtype
+    k = _as(key, work, xp=xp)
+    v = None if value is None else _as(value, work, xp=xp)
     ndim = len(batch) + 2
     return Problem(
         q=q,
         k=k,
         v=v,
         mask=None if mask is None else _align(mask, ndim, xp=xp),
-        bias=None if bias is None else _align(xp.astype(bias, work, copy=False), ndim, xp=xp),
+        bias=None if bias is None else _align(_as(bias, work, xp=xp), ndim, xp=xp),
         key_lengths=None if key_lengths is None else _align(key_lengths, len(batch), xp=xp),
         query_lengths=None if query_lengths is None else _align(query_lengths, len(batch), xp=xp),
         structure=structure,

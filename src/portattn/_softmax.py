@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ._lib._checks import check_floating
-from ._lib._compat import array_namespace, device
+from ._lib._compat import array_namespace
 from ._lib._precision import compute_dtype, narrow
 from ._lib._typing import Array, Namespace
 
@@ -33,8 +33,7 @@ def exp_floor(dtype: object, *, xp: Namespace) -> float:
 
 def safe_exp(z: Array, floor: float, *, xp: Namespace) -> Array:
     """``exp(z)`` for ``z <= 0``, with ``z < floor`` sent to exactly 0 instead of underflowing."""
-    neg_inf = xp.asarray(-xp.inf, dtype=z.dtype, device=device(z))
-    return xp.exp(xp.where(z < floor, neg_inf, z))
+    return xp.exp(xp.where(z < floor, -math.inf, z))
 
 
 def masked_softmax(
@@ -52,17 +51,17 @@ def masked_softmax(
     so no row can be empty and those guards are skipped: small calls are
     dominated by per-operation overhead.
     """
+    # Python scalars in where() keep the array's dtype (array API 2024.12).
     if allowed is not None:
-        neg_inf = xp.asarray(-xp.inf, dtype=scores.dtype, device=device(scores))
-        scores = xp.where(allowed, scores, neg_inf)
+        scores = xp.where(allowed, scores, -math.inf)
     row_max = xp.max(scores, axis=-1, keepdims=True)
     shift = row_max
     if may_hide or allowed is not None:
-        shift = xp.where(xp.isinf(row_max), xp.zeros_like(row_max), row_max)
+        shift = xp.where(xp.isinf(row_max), 0.0, row_max)
     e = safe_exp(scores - shift, exp_floor(scores.dtype, xp=xp), xp=xp)
     total = xp.sum(e, axis=-1, keepdims=True)
     if may_hide or allowed is not None:
-        total_safe = xp.where(total > 0, total, xp.ones_like(total))
+        total_safe = xp.where(total > 0, total, 1.0)
         return e / total_safe, row_max, total
     return e / total, row_max, total
 
