@@ -72,19 +72,36 @@ def subjects(n: int, causal: bool) -> dict[str, Callable[[], Any]]:
     out: dict[str, Callable[[], Any]] = {
         "torch SDPA": lambda: sdpa(tq, tk, tv, is_causal=causal),
     }
-    if n <= MATERIALIZE_MAX_N:
-        out["plain numpy"] = lambda: plain_numpy(q, k, v, causal)
-    for impl in ("auto", "blockwise", "materialize"):
-        if impl == "materialize" and n > MATERIALIZE_MAX_N:
-            continue
-        out[f"portattn numpy {impl}"] = lambda impl=impl: pa.attention(
-            q, k, v, causal=causal, impl=impl
-        )
+    impls = [
+        i
+        for i in ("auto", "blockwise", "materialize")
+        if i != "materialize" or n <= MATERIALIZE_MAX_N
+    ]
+    # One library's subjects run back to back (see time_interleaved).
+    for impl in impls:
         out[f"portattn torch {impl}"] = lambda impl=impl: pa.attention(
             tq, tk, tv, causal=causal, impl=impl
         )
     out["portattn torch native"] = lambda: pa.attention(tq, tk, tv, causal=causal, impl="native")
+    if n <= MATERIALIZE_MAX_N:
+        out["plain numpy"] = lambda: plain_numpy(q, k, v, causal)
+    for impl in impls:
+        out[f"portattn numpy {impl}"] = lambda impl=impl: pa.attention(
+            q, k, v, causal=causal, impl=impl
+        )
     return out
+
+
+def _library(name: str) -> str:
+    return "torch" if "torch" in name else "numpy"
+
+
+# OpenBLAS (numpy) and OpenMP (torch) worker threads keep spinning for a
+# while after a call returns. On 2 cores, a torch call that follows a numpy
+# call competes with numpy's still-spinning threads (and the reverse), which
+# measured torch's blockwise path at half its speed. So each library's
+# subjects run back to back, and the clock pauses when the library changes.
+_SWITCH_PAUSE_S = 0.3
 
 
 def time_interleaved(funcs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
@@ -92,7 +109,11 @@ def time_interleaved(funcs: dict[str, Callable[[], Any]], rounds: int) -> dict[s
         f()
     times: dict[str, list[float]] = {name: [] for name in funcs}
     for _ in range(rounds):
+        previous = None
         for name, f in funcs.items():
+            if _library(name) != previous:
+                time.sleep(_SWITCH_PAUSE_S)
+                previous = _library(name)
             t0 = time.perf_counter()
             f()
             times[name].append(time.perf_counter() - t0)
@@ -120,7 +141,11 @@ def chapter_overhead(rounds: int) -> dict[str, Any]:
     loops = 2000
     per_call: dict[str, list[float]] = {name: [] for name in funcs}
     for _ in range(rounds):
+        previous = None
         for name, f in funcs.items():
+            if _library(name) != previous:
+                time.sleep(_SWITCH_PAUSE_S)
+                previous = _library(name)
             t0 = time.perf_counter()
             for _ in range(loops):
                 f()
