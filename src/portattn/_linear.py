@@ -20,9 +20,10 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from ._lib._checks import broadcast_shapes, check_floating, compute_dtype
+from ._lib._checks import broadcast_shapes, check_floating
 from ._lib._compat import array_namespace
 from ._lib._compat import device as _device
+from ._lib._precision import compute_dtype
 from ._lib._typing import Array, Namespace
 
 __all__ = ["LinearAttentionState", "elu_feature_map", "linear_attention", "linear_attention_step"]

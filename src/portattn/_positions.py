@@ -17,9 +17,10 @@ from typing import Literal
 
 import numpy as np
 
-from ._lib._checks import broadcast_shapes, check_floating, compute_dtype, dtype_name
+from ._lib._checks import broadcast_shapes, check_floating, dtype_name
 from ._lib._compat import array_namespace, resolve_namespace
 from ._lib._compat import device as device_of
+from ._lib._precision import compute_dtype
 from ._lib._typing import Array, Device, DType, Namespace
 
 __all__ = ["RopeLayout", "apply_rope", "rope_positions", "sinusoidal_encoding"]

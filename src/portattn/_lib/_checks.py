@@ -7,7 +7,6 @@ import numbers
 from collections.abc import Sequence
 
 from ._compat import device_of
-from ._precision import compute_dtype
 from ._typing import Array, Device, DType, Namespace
 
 __all__ = [
@@ -17,7 +16,6 @@ __all__ = [
     "check_floating",
     "check_rank",
     "check_same_device",
-    "compute_dtype",
     "dtype_name",
     "has_kind",
 ]
