@@ -1,11 +1,20 @@
 # /// script
-# dependencies = ["nox>=2025.2.9"]
+# dependencies = ["nox>=2025.2.9", "uv"]
 # ///
-"""The test matrix: one session per backend, one where all CPU backends meet, lint, docs, bench.
+"""The test matrix: a fast default, and every other suite one ``-s`` away.
 
-``nox`` runs everything a machine without a GPU can run; the GPU sessions skip
-there with the reason. Dependencies come from pyproject.toml's extras and
-dependency groups, never from this file.
+``nox`` alone runs ``tests`` (every CPU backend once, compared with each
+other, plus the doctests) and ``lint``: under ten minutes on two cores. The
+per-backend sessions, the large-N / cluster / model suites, the inductor
+suite, the docs and the benchmarks are named sessions (``nox -l`` lists
+them). The GPU sessions skip there with the reason.
+
+All CPU sessions and ``bench`` run in ONE environment, ``.nox/cpu-env``
+(the ``cpu-env`` session builds it, the others require it), so ``.nox``
+holds one torch, not one per session. With uv installed next to nox, nox
+builds environments with uv, whose cache hard-links the wheels instead of
+copying them. Dependencies come from pyproject.toml's extras and dependency
+groups, never from this file.
 """
 
 from __future__ import annotations
@@ -13,21 +22,42 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from typing import Any
 
 import nox
 
 nox.needs_version = ">=2025.2.9"
-nox.options.default_venv_backend = "venv"
+nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
-TEST_GROUPS = nox.project.dependency_groups(PYPROJECT, "test")
+
 # torch is also the outside oracle (scaled_dot_product_attention), so every
-# test session installs it; jax, the other oracle, is in the test group. On
-# CI, .ci/run pins torch's CPU wheel through PIP_CONSTRAINT; users elsewhere
-# get whatever torch their pip resolves.
-ORACLES = ".[torch]"
+# test environment installs it; jax, the other oracle, is in the test group.
+# On CI, .ci/run pins torch's CPU wheel through PIP_CONSTRAINT/UV_CONSTRAINT;
+# users elsewhere get whatever torch their installer resolves.
+CPU_EXTRAS = ".[torch,strict,plot,transformers]"
+CPU_GROUPS = ("test", "bench")
+CPU_BACKENDS = "numpy,numpy_readonly,torch,array_api_strict,jax"
+
+# What the default run leaves out (pyproject.toml registers the markers):
+# large-N, LocalCluster and Hugging Face model suites run in tests-extra (CI
+# runs it); inductor compiles run only in their own opt-in session.
+DEFAULT_MARKERS = "not slow and not cluster and not models and not inductor"
+EXTRA_MARKERS = "(slow or cluster or models) and not inductor"
+
+_CPU_ENV: dict[str, str] = {}
+
+
+def _groups(*names: str) -> list[str]:
+    return [req for name in names for req in nox.project.dependency_groups(PYPROJECT, name)]
+
+
+def _install(session: nox.Session, *args: str) -> None:
+    # uv keeps an installed local package even when its source changed.
+    fresh = ("--reinstall-package", "portattn") if session.venv_backend == "uv" else ()
+    session.install(*fresh, *args)
 
 
 def _cuda_present() -> bool:
@@ -37,61 +67,130 @@ def _cuda_present() -> bool:
     return subprocess.run([smi, "-L"], capture_output=True, check=False).returncode == 0
 
 
-def _pytest(session: nox.Session, backends: str) -> None:
+@nox.session(name="cpu-env", default=False)
+def cpu_env(session: nox.Session) -> None:
+    """Build the one environment that the CPU test sessions and bench share."""
+    _install(session, CPU_EXTRAS, *_groups(*CPU_GROUPS))
+    _CPU_ENV.update(bin=session.bin, root=str(session.virtualenv.location))
+
+
+def _shared(**kwargs: Any) -> Any:
+    """A session that runs in cpu-env's environment instead of one of its own."""
+    return nox.session(venv_backend="none", requires=["cpu-env"], **kwargs)
+
+
+def _run(
+    session: nox.Session,
+    *args: str,
+    env: dict[str, str | None] | None = None,
+    success_codes: list[int] | None = None,
+) -> None:
+    """Run ``python *args`` in the shared environment."""
+    path = _CPU_ENV["bin"] + os.pathsep + os.environ.get("PATH", "")
+    python = os.path.join(_CPU_ENV["bin"], "python")
+    session.run(
+        python,
+        *args,
+        env={"VIRTUAL_ENV": _CPU_ENV["root"], "PATH": path, **(env or {})},
+        success_codes=success_codes,
+    )
+
+
+def _pytest(session: nox.Session, backends: str, markers: str, *, none_ok: bool = False) -> None:
+    # Exit code 5 means that the marker selected no test.
+    _run(
+        session,
+        "-m",
+        "pytest",
+        "tests",
+        "--ignore=tests/site",
+        "-m",
+        markers,
+        *session.posargs,
+        env={"PORTATTN_BACKENDS": backends},
+        success_codes=[0, 5] if none_ok else [0],
+    )
+
+
+@_shared()
+def tests(session: nox.Session) -> None:
+    """Every CPU backend once (NumPy, torch, array-api-strict, JAX), compared; the doctests."""
+    _pytest(session, CPU_BACKENDS, DEFAULT_MARKERS)
+    _run(session, "-m", "pytest", "--doctest-modules", "--pyargs", "portattn")
+
+
+@_shared(name="tests-extra", default=False)
+def tests_extra(session: nox.Session) -> None:
+    """The suites kept out of the default: large N (slow), LocalCluster, HF models."""
+    _pytest(session, CPU_BACKENDS, EXTRA_MARKERS, none_ok=True)
+
+
+@_shared(name="tests-numpy", default=False)
+def tests_numpy(session: nox.Session) -> None:
+    """The default suite on NumPy only (plain and read-only arrays)."""
+    _pytest(session, "numpy,numpy_readonly", DEFAULT_MARKERS)
+
+
+@_shared(name="tests-torch", default=False)
+def tests_torch(session: nox.Session) -> None:
+    """The default suite on PyTorch (CPU) only."""
+    _pytest(session, "torch", DEFAULT_MARKERS)
+
+
+@_shared(name="tests-strict", default=False)
+def tests_strict(session: nox.Session) -> None:
+    """The default suite on array-api-strict only, proof that only the standard is used."""
+    _pytest(session, "array_api_strict", DEFAULT_MARKERS)
+
+
+@_shared(name="tests-jax", default=False)
+def tests_jax(session: nox.Session) -> None:
+    """The default suite on JAX (CPU) only."""
+    _pytest(session, "jax", DEFAULT_MARKERS)
+
+
+@_shared(default=False)
+def inductor(session: nox.Session) -> None:
+    """torch.compile with inductor (about a minute per CPU compile); CI does not run it."""
+    _pytest(session, "torch", "inductor", none_ok=True)
+
+
+# Without a GPU the CUDA sessions skip before building an environment.
+GPU_VENV = None if _cuda_present() else "none"
+
+
+@nox.session(name="tests-torch-cuda", venv_backend=GPU_VENV)
+def tests_torch_cuda(session: nox.Session) -> None:
+    """The default suite on PyTorch CUDA; skips without an NVIDIA GPU."""
+    if GPU_VENV == "none":
+        session.skip("no CUDA device available (nvidia-smi found none)")
+    _install(session, ".[torch]", *_groups("test"))
     session.run(
         "pytest",
         "tests",
         "--ignore=tests/site",
+        "-m",
+        DEFAULT_MARKERS,
         *session.posargs,
-        env={"PORTATTN_BACKENDS": backends},
+        env={"PORTATTN_BACKENDS": "torch_cuda"},
     )
 
 
-@nox.session(name="tests-numpy")
-def tests_numpy(session: nox.Session) -> None:
-    """Run the suite on NumPy (plain and read-only arrays)."""
-    session.install(ORACLES, *TEST_GROUPS)
-    _pytest(session, "numpy,numpy_readonly")
-
-
-@nox.session(name="tests-torch")
-def tests_torch(session: nox.Session) -> None:
-    """Run the suite on PyTorch (CPU)."""
-    session.install(ORACLES, *TEST_GROUPS)
-    _pytest(session, "torch")
-
-
-@nox.session(name="tests-strict")
-def tests_strict(session: nox.Session) -> None:
-    """Run the suite on array-api-strict, proof that only the standard is used."""
-    session.install(f"{ORACLES[:-1]},strict]", *TEST_GROUPS)
-    _pytest(session, "array_api_strict")
-
-
-@nox.session(name="tests-all")
-def tests_all(session: nox.Session) -> None:
-    """All CPU backends in one environment, compared with each other; run the doctests."""
-    session.install(f"{ORACLES[:-1]},strict]", *TEST_GROUPS)
-    _pytest(session, "numpy,numpy_readonly,torch,array_api_strict,jax")
-    session.run("pytest", "--doctest-modules", "--pyargs", "portattn", "-p", "no:cacheprovider")
-
-
-@nox.session(name="tests-torch-cuda")
-def tests_torch_cuda(session: nox.Session) -> None:
-    """Run the suite on PyTorch CUDA; skips without an NVIDIA GPU."""
-    if not _cuda_present():
-        session.skip("no CUDA device available (nvidia-smi found none)")
-    session.install(ORACLES, *TEST_GROUPS)
-    _pytest(session, "torch_cuda")
-
-
-@nox.session(name="tests-cupy")
+@nox.session(name="tests-cupy", venv_backend=GPU_VENV)
 def tests_cupy(session: nox.Session) -> None:
-    """Run the suite on CuPy; skips without an NVIDIA GPU."""
-    if not _cuda_present():
+    """The default suite on CuPy; skips without an NVIDIA GPU."""
+    if GPU_VENV == "none":
         session.skip("no CUDA device available (nvidia-smi found none)")
-    session.install(f"{ORACLES[:-1]},cupy]", *TEST_GROUPS)
-    _pytest(session, "cupy")
+    _install(session, ".[torch,cupy]", *_groups("test"))
+    session.run(
+        "pytest",
+        "tests",
+        "--ignore=tests/site",
+        "-m",
+        DEFAULT_MARKERS,
+        *session.posargs,
+        env={"PORTATTN_BACKENDS": "cupy"},
+    )
 
 
 @nox.session
@@ -115,12 +214,11 @@ def docs(session: nox.Session) -> None:
     session.run("pytest", "tests/site", "-p", "no:cacheprovider", env={"PORTATTN_SITE_DIR": "site"})
 
 
-@nox.session(default=False)
+@_shared(default=False)
 def bench(session: nox.Session) -> None:
     """Benchmarks against torch SDPA and plain NumPy; writes benchmarks/results/."""
-    session.install(".[torch,plot]", *nox.project.dependency_groups(PYPROJECT, "bench"))
     # OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, set on some machines, slow current
     # NumPy; unset for this run only (the JSON records the BLAS kernel used).
-    slow = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-    env = {k: v for k, v in os.environ.items() if k not in slow}
-    session.run("python", "benchmarks/run.py", *session.posargs, env=env)
+    # (None removes a variable; leaving it out of env would inherit it.)
+    unset: dict[str, str | None] = {"OPENBLAS_CORETYPE": None, "OPENBLAS_L2_SIZE": None}
+    _run(session, "benchmarks/run.py", *session.posargs, env=unset)
