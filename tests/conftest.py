@@ -11,7 +11,6 @@ with ``backend.asarray(numpy_array)``.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-KNOWN = ("numpy", "numpy_readonly", "torch", "torch_cuda", "cupy", "array_api_strict", "jax")
+from portattn._lib._backends import BACKENDS, load
+
+KNOWN = tuple(b.name for b in BACKENDS)  # the one list, shared with the docs and the CLI
 ENV = "PORTATTN_BACKENDS"
 
 
@@ -53,55 +54,10 @@ class Backend:
         return self.name
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
-    a = np.array(a, copy=True)
-    a.flags.writeable = False
-    return a
-
-
 def _load(name: str) -> Backend:
     """Import a backend or raise ImportError/RuntimeError saying why it cannot run."""
-    import array_api_compat
-
-    if name in ("numpy", "numpy_readonly"):
-        xp = array_api_compat.array_namespace(np.empty(0))
-        conv = _readonly if name == "numpy_readonly" else (lambda a: np.array(a, copy=True))
-        return Backend(name, xp, "cpu", (np.float16,), conv)
-    if name in ("torch", "torch_cuda"):
-        torch = importlib.import_module("torch")
-        dev = torch.device("cuda" if name == "torch_cuda" else "cpu")
-        if name == "torch_cuda" and not torch.cuda.is_available():
-            msg = "no CUDA device available"
-            raise RuntimeError(msg)
-        xp = array_api_compat.array_namespace(torch.empty(0))
-        return Backend(
-            name,
-            xp,
-            dev,
-            (torch.float16, torch.bfloat16),
-            lambda a: torch.from_numpy(np.array(a, copy=True)).to(dev),
-        )
-    if name == "cupy":
-        cp = importlib.import_module("cupy")
-        if cp.cuda.runtime.getDeviceCount() < 1:
-            msg = "no CUDA device available"
-            raise RuntimeError(msg)
-        xp = array_api_compat.array_namespace(cp.empty(0))
-        return Backend(name, xp, cp.cuda.Device(0), (cp.float16,), cp.asarray)
-    if name == "array_api_strict":
-        xps = importlib.import_module("array_api_strict")
-        xps.set_array_api_strict_flags(boolean_indexing=False, data_dependent_shapes=False)
-        return Backend(name, xps, xps.Device("CPU_DEVICE"), (), xps.asarray)
-    if name == "jax":
-        jax = importlib.import_module("jax")
-        jax.config.update("jax_enable_x64", True)  # float64 must stay float64
-        jnp = importlib.import_module("jax.numpy")
-        cpu = jax.devices("cpu")[0]
-        return Backend(
-            name, jnp, cpu, (jnp.float16, jnp.bfloat16), lambda a: jax.device_put(a, cpu)
-        )
-    msg = f"unknown backend {name!r}"
-    raise ValueError(msg)
+    got = load(name)
+    return Backend(name, got.xp, got.device, got.half_dtypes, got.from_numpy)
 
 
 def requested() -> tuple[str, ...] | None:

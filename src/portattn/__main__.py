@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -11,12 +10,13 @@ from types import ModuleType
 import numpy as np
 
 from . import chapter
-from ._lib._compat import resolve_namespace
+from ._lib._backends import BACKENDS, load
 from ._lib._convert import to_numpy
 
 __all__ = ["available_backends", "heatmap", "main"]
 
-_CANDIDATES = ("numpy", "torch", "array_api_strict", "cupy")
+# Every library of the shared backend list; read-only NumPy is the same library.
+_CANDIDATES = tuple(b.name for b in BACKENDS if not b.variant)
 
 
 def available_backends(
@@ -26,14 +26,10 @@ def available_backends(
     found, missing = [], []
     for name in names:
         try:
-            module = importlib.import_module(name)
-            if name == "cupy" and module.cuda.runtime.getDeviceCount() < 1:
-                missing.append(f"{name} (no CUDA device)")
-                continue
-        except Exception as exc:  # an installed cupy without a driver raises CUDA errors
-            missing.append(f"{name} ({type(exc).__name__})")
-            continue
-        found.append((name, resolve_namespace(module)))
+            found.append((name, load(name).xp))
+        except Exception as exc:  # ImportError, no device, a broken CUDA install
+            why = exc if isinstance(exc, RuntimeError) else type(exc).__name__
+            missing.append(f"{name} ({why})")
     return found, missing
 
 

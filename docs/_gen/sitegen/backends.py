@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 import portattn as pa
+from portattn._lib._backends import BACKENDS, load
 from portattn.testing import max_relative_error
 
 
@@ -41,145 +42,31 @@ class Backend:
             return "—"
 
 
-def _import(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
-
-
-# The floating dtypes each library has: what portattn accepts there.
-TORCH_DTYPES = ("float16", "bfloat16", "float32", "float64")
-CUPY_DTYPES = ("float16", "float32", "float64")
-STRICT_DTYPES = ("float32", "float64")
-
-
 @cache
 def discover() -> tuple[Backend, ...]:
-    """Every backend portattn knows, present or not, in a fixed order."""
+    """Every library portattn knows (the shared backend list), present or not, in a fixed order."""
     out: list[Backend] = []
-
-    import array_api_compat.numpy as np_xp
-
-    out.append(
-        Backend(
-            "NumPy",
-            "CPU",
-            "numpy",
-            ("float16", "float32", "float64"),
-            xp=np_xp,
-            convert=lambda a, dt: np.asarray(a, dtype=dt),
-        )
-    )
-
-    torch = _import("torch")
-    if torch is None:
-        out.append(Backend("PyTorch", "CPU", "torch", TORCH_DTYPES, missing="not installed"))
-        out.append(Backend("PyTorch", "CUDA", "torch", TORCH_DTYPES, missing="not installed"))
-    else:
-        import array_api_compat.torch as torch_xp
-
-        def to_torch(device: str) -> Callable[[np.ndarray, Any], Any]:
-            return lambda a, dt: torch.asarray(a, device=device).to(getattr(torch, dt))
-
-        dts = TORCH_DTYPES
-        out.append(
-            Backend(
-                "PyTorch", "CPU", "torch", dts, xp=torch_xp, device="cpu", convert=to_torch("cpu")
-            )
-        )
-        if torch.cuda.is_available():
-            out.append(
-                Backend(
-                    "PyTorch",
-                    "CUDA",
-                    "torch",
-                    dts,
-                    xp=torch_xp,
-                    device="cuda",
-                    convert=to_torch("cuda"),
-                )
-            )
-        else:
-            out.append(Backend("PyTorch", "CUDA", "torch", dts, missing="no CUDA device here"))
-
-    cupy = _import("cupy")
-    if cupy is None:
-        out.append(Backend("CuPy", "CUDA", "cupy-cuda12x", CUPY_DTYPES, missing="not installed"))
-    else:
+    for spec in BACKENDS:
+        if spec.variant:
+            continue
         try:
-            n = cupy.cuda.runtime.getDeviceCount()
-        except Exception:
-            n = 0
-        if n:
-            import array_api_compat.cupy as cupy_xp
+            got = load(spec.name)
+        except ImportError:
+            out.append(_entry(spec, missing="not installed"))
+            continue
+        except RuntimeError as exc:
+            out.append(_entry(spec, missing=f"{exc} here"))
+            continue
 
-            out.append(
-                Backend(
-                    "CuPy",
-                    "CUDA",
-                    "cupy-cuda12x",
-                    CUPY_DTYPES,
-                    xp=cupy_xp,
-                    convert=lambda a, dt: cupy.asarray(a, dtype=dt),
-                )
-            )
-        else:
-            out.append(
-                Backend("CuPy", "CUDA", "cupy-cuda12x", CUPY_DTYPES, missing="no CUDA device here")
-            )
+        def convert(a: np.ndarray, dt: str, got: Any = got) -> Any:
+            return got.xp.astype(got.from_numpy(np.asarray(a)), getattr(got.xp, dt))
 
-    strict = _import("array_api_strict")
-    if strict is None:
-        out.append(
-            Backend(
-                "array-api-strict",
-                "CPU",
-                "array-api-strict",
-                STRICT_DTYPES,
-                missing="not installed",
-            )
-        )
-    else:
-        out.append(
-            Backend(
-                "array-api-strict",
-                "CPU",
-                "array-api-strict",
-                STRICT_DTYPES,
-                xp=strict,
-                convert=lambda a, dt: strict.asarray(a, dtype=getattr(strict, dt)),
-            )
-        )
-
-    jnp = _import("jax.numpy")
-    if jnp is None:
-        out.append(
-            Backend(
-                "JAX",
-                "CPU",
-                "jax",
-                ("float16", "bfloat16", "float32", "float64"),
-                missing="not installed (optional)",
-            )
-        )
-    else:
-        dts = ["float16", "bfloat16", "float32"]
-        import jax
-
-        if jax.config.read("jax_enable_x64"):
-            dts.append("float64")
-        out.append(
-            Backend(
-                "JAX",
-                "CPU",
-                "jax",
-                tuple(dts),
-                xp=jnp,
-                convert=lambda a, dt: jnp.asarray(a, dtype=getattr(jnp, dt)),
-            )
-        )
+        out.append(_entry(spec, xp=got.xp, device=got.device, convert=convert))
     return tuple(out)
+
+
+def _entry(spec: Any, **kwargs: Any) -> Backend:
+    return Backend(spec.label, spec.device_label, spec.distribution, spec.dtypes, **kwargs)
 
 
 # Sizes small enough for a docs build, large enough to exercise broadcasting,

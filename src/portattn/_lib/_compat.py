@@ -12,15 +12,35 @@ from types import ModuleType
 from typing import Any
 
 import array_api_compat
-from array_api_compat import device, is_array_api_obj, is_writeable_array, to_device
+from array_api_compat import (
+    device,
+    is_array_api_obj,
+    is_array_api_strict_namespace,
+    is_cupy_namespace,
+    is_dask_namespace,
+    is_jax_namespace,
+    is_lazy_array,
+    is_numpy_namespace,
+    is_torch_namespace,
+    is_writeable_array,
+    to_device,
+)
 
 __all__ = [
     "array_namespace",
     "device",
     "device_of",
     "is_array_api_obj",
+    "is_array_api_strict_namespace",
+    "is_cupy_namespace",
+    "is_dask_namespace",
+    "is_jax_namespace",
+    "is_lazy_array",
+    "is_numpy_namespace",
+    "is_torch_namespace",
     "is_writeable_array",
     "library_name",
+    "namespace_library",
     "resolve_namespace",
     "to_device",
 ]
@@ -72,6 +92,28 @@ def device_of(x: Any) -> Any:
     if dev is None or callable(dev):
         return device(x)
     return dev
+
+
+def namespace_library(xp: ModuleType) -> str:
+    """The library a namespace serves, as array-api-compat detects it.
+
+    One of ``"numpy"``, ``"torch"``, ``"jax"``, ``"cupy"``, ``"dask"``,
+    ``"array_api_strict"``, or ``"other"``.
+    """
+    for name, test in _DETECTORS:
+        if test(xp):
+            return name
+    return "other"
+
+
+_DETECTORS = (
+    ("numpy", is_numpy_namespace),
+    ("torch", is_torch_namespace),
+    ("jax", is_jax_namespace),
+    ("cupy", is_cupy_namespace),
+    ("dask", is_dask_namespace),
+    ("array_api_strict", is_array_api_strict_namespace),
+)
 
 
 def library_name(x: Any) -> str:
