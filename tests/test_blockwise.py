@@ -280,16 +280,17 @@ def test_block_sizes_defaults_and_validation(backend: Backend):
 
 
 def test_auto_picks_blockwise_above_threshold(backend: Backend, rng, monkeypatch):
+    from portattn import _attention
+
     calls = []
-    original = _blockwise.blockwise_attention
+    original = _attention.blockwise_attention
 
     def spy(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(_blockwise, "blockwise_attention", spy)
+    monkeypatch.setattr(_attention, "blockwise_attention", spy)
     xp = backend.xp
-    from portattn import _attention
 
     monkeypatch.setattr(_attention, "_AUTO_MATERIALIZE_MAX_PAIRS", 6 * 6)
     small = [backend.asarray(a, xp.float32) for a in _qkv(rng, 6, 6)]

@@ -156,13 +156,13 @@ def test_gqa_mqa_match_torch_sdpa_enable_gqa(backend: Backend, rng, num_kv_heads
 def test_gqa_never_repeats_keys_or_values(backend: Backend, rng, monkeypatch):
     """The core sees one KV head per group (a broadcast axis of 1), never H copies."""
     seen = []
-    real = _multihead.run_attention
+    real = _multihead.solve
 
-    def spy(q, k, v, **kw):
-        seen.append((tuple(q.shape), tuple(k.shape), tuple(v.shape)))
-        return real(q, k, v, **kw)
+    def spy(p, **kw):
+        seen.append((tuple(p.q.shape), tuple(p.k.shape), tuple(p.v.shape)))
+        return real(p, **kw)
 
-    monkeypatch.setattr(_multihead, "run_attention", spy)
+    monkeypatch.setattr(_multihead, "solve", spy)
     mha = pa.MultiHeadAttention.random(
         D, 6, num_kv_heads=2, d_head=4, xp=backend.xp, device=backend.device
     )

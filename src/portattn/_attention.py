@@ -1,26 +1,27 @@
-"""Scaled dot-product attention: the public entry points and the materialising path."""
+"""Scaled dot-product attention: the public entry points.
+
+Each call does the same four steps: find the namespace, validate everything
+into one :class:`~portattn._problem.Problem` (:func:`prepare`), run the chosen
+path on it, and cast the result back to the caller's dtype. The paths
+(materialising, blockwise, native) are sibling modules that read the
+``Problem``; none of them imports this one.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
+from ._blockwise import blockwise_attention
+from ._lib._checks import check_flag, int_pair
 from ._lib._compat import array_namespace
 from ._lib._precision import narrow
 from ._lib._typing import Array, Namespace
 from ._masks import Causal
+from ._materialize import materialize_attention, materialize_weights
+from ._native import native_attention
 from ._problem import Problem, prepare
-from ._softmax import masked_softmax
 
-__all__ = [
-    "Impl",
-    "attention",
-    "attention_weights",
-    "empty_keys",
-    "expand",
-    "lse_from",
-    "run_attention",
-    "weights_impl",
-]
+__all__ = ["Impl", "attention", "attention_weights", "solve", "solve_weights"]
 
 Impl = Literal["auto", "materialize", "blockwise", "native"]
 _IMPLS = ("auto", "materialize", "blockwise", "native")
@@ -43,6 +44,7 @@ def attention(
     window: int | tuple[int, int] | None = None,
     key_lengths: Array | None = None,
     query_lengths: Array | None = None,
+    softcap: float | None = None,
     impl: Impl = "auto",
     block_size: int | tuple[int, int] | None = None,
     return_lse: bool = False,
@@ -82,12 +84,16 @@ def attention(
         Valid lengths, broadcastable to the batch shape. Keys at positions
         ``>= key_lengths`` get weight 0; query rows at positions
         ``>= query_lengths`` output 0.
+    softcap : float, optional
+        Logit soft-capping (Gemma 2, flash-attn): the scaled scores become
+        ``tanh(s / softcap) * softcap`` before ``bias`` and masks apply.
     impl : {"auto", "materialize", "blockwise", "native"}, optional
         ``"materialize"`` forms the (..., Lq, Lk) score matrix;
         ``"blockwise"`` streams over key blocks with an online softmax in
         O(Lq + Lk) extra memory and skips blocks that ``causal``/``window``
         hide; ``"auto"`` (default) picks by size; ``"native"`` delegates to
         the library's fused kernel where the arguments map exactly.
+        Every option is validated whichever path runs.
     block_size : int or (int, int), optional
         ``(query_block, key_block)`` for the blockwise path.
     return_lse : bool, optional
@@ -129,45 +135,6 @@ def attention(
     (3, 2)
     """
     xp = array_namespace(query, key, value, mask, bias, key_lengths, query_lengths)
-    return run_attention(
-        query,
-        key,
-        value,
-        mask=mask,
-        bias=bias,
-        causal=causal,
-        scale=scale,
-        window=window,
-        key_lengths=key_lengths,
-        query_lengths=query_lengths,
-        impl=impl,
-        block_size=block_size,
-        return_lse=return_lse,
-        xp=xp,
-    )
-
-
-def run_attention(
-    query: Array,
-    key: Array,
-    value: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    causal: Causal = False,
-    scale: float | None = None,
-    window: int | tuple[int, int] | None = None,
-    key_lengths: Array | None = None,
-    query_lengths: Array | None = None,
-    impl: Impl = "auto",
-    block_size: int | tuple[int, int] | None = None,
-    return_lse: bool = False,
-    xp: Namespace,
-) -> Array | tuple[Array, Array]:
-    """:func:`attention` for callers that already hold the namespace."""
-    if impl not in _IMPLS:
-        msg = f"expected impl to be one of {', '.join(map(repr, _IMPLS))}, got {impl!r}"
-        raise ValueError(msg)
     p = prepare(
         query,
         key,
@@ -179,61 +146,43 @@ def run_attention(
         window=window,
         key_lengths=key_lengths,
         query_lengths=query_lengths,
+        softcap=softcap,
         xp=xp,
     )
+    return solve(p, impl=impl, block_size=block_size, return_lse=return_lse, xp=xp)
+
+
+def solve(
+    p: Problem,
+    *,
+    impl: object = "auto",
+    block_size: object = None,
+    return_lse: object = False,
+    xp: Namespace,
+) -> Array | tuple[Array, Array]:
+    """Run a prepared problem on the chosen path and cast back: the second half of ``attention``.
+
+    ``Head`` and ``MultiHeadAttention`` build their problem with ``prepare``
+    and hand it here. ``impl``, ``block_size`` and ``return_lse`` are checked
+    for every path, whichever one runs.
+    """
+    if not isinstance(impl, str) or impl not in _IMPLS:
+        msg = f"expected impl to be one of {', '.join(map(repr, _IMPLS))}, got {impl!r}"
+        raise ValueError(msg)
+    sizes = None if block_size is None else int_pair("block_size", block_size, minimum=1)
+    want_lse = check_flag("return_lse", return_lse)
+    lse: Array | None
     if impl == "native":
-        from ._native import native_attention
-
-        out, lse = native_attention(p, return_lse=return_lse, xp=xp)
+        out, lse = native_attention(p, return_lse=want_lse, xp=xp)
     elif impl == "blockwise" or (impl == "auto" and p.lq * p.lk > _AUTO_MATERIALIZE_MAX_PAIRS):
-        from ._blockwise import blockwise_attention
-
-        out, lse = blockwise_attention(p, block_size=block_size, xp=xp)
+        out, lse = blockwise_attention(p, block_size=sizes, xp=xp)
     else:
-        out, lse = _materialized(p, want_lse=return_lse, xp=xp)
+        out, lse = materialize_attention(p, want_lse=want_lse, xp=xp)
     out = narrow(out, p.out_dtype, xp=xp)
-    return (out, lse) if return_lse else out
-
-
-def empty_keys(p: Problem, *, xp: Namespace) -> tuple[Array, Array]:
-    """``Lk == 0``: nothing to attend to, so output zeros and lse ``-inf``."""
-    out = xp.zeros((*p.batch, p.lq, p.dv), dtype=p.q.dtype, device=p.device)
-    lse = xp.full((*p.batch, p.lq), -xp.inf, dtype=p.q.dtype, device=p.device)
-    return out, lse
-
-
-def _weights(p: Problem, *, xp: Namespace) -> tuple[Array, Array, Array]:
-    scores = p.q @ xp.matrix_transpose(p.k)  # (..., Lq, Lk)
-    bias = p.bias_tile(0, p.lq, 0, p.lk)
-    if bias is not None:
-        scores = scores + bias
-    allowed = p.allowed(0, p.lq, 0, p.lk, xp=xp)
-    return masked_softmax(scores, allowed, xp=xp, may_hide=bias is not None)
-
-
-def _materialized(p: Problem, *, want_lse: bool, xp: Namespace) -> tuple[Array, Array | None]:
-    if p.lk == 0:
-        return empty_keys(p, xp=xp)
-    weights, row_max, total = _weights(p, xp=xp)
-    out = expand(weights @ p.v, (*p.batch, p.lq, p.dv), xp=xp)  # (..., Lq, dv)
-    if not want_lse:
-        return out, None
-    return out, expand(lse_from(row_max, total, xp=xp), (*p.batch, p.lq), xp=xp)  # (..., Lq)
-
-
-def expand(x: Array, shape: tuple[int, ...], *, xp: Namespace) -> Array:
-    """Broadcast ``x`` to ``shape`` as a fresh, writable array (no-op when it already fits)."""
-    if tuple(x.shape) == shape:
-        return x
-    return xp.asarray(xp.broadcast_to(x, shape), copy=True)
-
-
-def lse_from(row_max: Array, total: Array, *, xp: Namespace) -> Array:
-    """``max + log(sum)``, ``-inf`` where the row saw nothing; shapes (..., Lq, 1) -> (..., Lq)."""
-    seen = total > 0
-    lse = row_max + xp.log(xp.where(seen, total, xp.ones_like(total)))
-    lse = xp.where(seen, lse, xp.full_like(lse, -xp.inf))
-    return lse[..., 0]
+    if want_lse:
+        assert lse is not None
+        return out, lse
+    return out
 
 
 def attention_weights(
@@ -248,6 +197,7 @@ def attention_weights(
     window: int | tuple[int, int] | None = None,
     key_lengths: Array | None = None,
     query_lengths: Array | None = None,
+    softcap: float | None = None,
 ) -> Array:
     """The attention weights ``softmax(Q Kᵀ · scale + bias)``, shape (..., Lq, Lk).
 
@@ -259,7 +209,7 @@ def attention_weights(
     ----------
     query : array, shape (..., Lq, d)
     key : array, shape (..., Lk, d)
-    mask, bias, causal, scale, window, key_lengths, query_lengths
+    mask, bias, causal, scale, window, key_lengths, query_lengths, softcap
         As in :func:`attention`.
 
     Returns
@@ -278,34 +228,6 @@ def attention_weights(
            [0.33333334, 0.33333334, 0.33333334]], dtype=float32)
     """
     xp = array_namespace(query, key, mask, bias, key_lengths, query_lengths)
-    return weights_impl(
-        query,
-        key,
-        mask=mask,
-        bias=bias,
-        causal=causal,
-        scale=scale,
-        window=window,
-        key_lengths=key_lengths,
-        query_lengths=query_lengths,
-        xp=xp,
-    )
-
-
-def weights_impl(
-    query: Array,
-    key: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    causal: Causal = False,
-    scale: float | None = None,
-    window: int | tuple[int, int] | None = None,
-    key_lengths: Array | None = None,
-    query_lengths: Array | None = None,
-    xp: Namespace,
-) -> Array:
-    """:func:`attention_weights` for callers that already hold the namespace."""
     p = prepare(
         query,
         key,
@@ -317,11 +239,12 @@ def weights_impl(
         window=window,
         key_lengths=key_lengths,
         query_lengths=query_lengths,
+        softcap=softcap,
         xp=xp,
     )
-    if p.lk == 0:
-        w = xp.zeros((*p.batch, p.lq, 0), dtype=p.q.dtype, device=p.device)
-    else:
-        w, _, _ = _weights(p, xp=xp)
-        w = expand(w, (*p.batch, p.lq, p.lk), xp=xp)
-    return narrow(w, p.out_dtype, xp=xp)
+    return solve_weights(p, xp=xp)
+
+
+def solve_weights(p: Problem, *, xp: Namespace) -> Array:
+    """The weights of a prepared problem, cast back: the second half of ``attention_weights``."""
+    return narrow(materialize_weights(p, xp=xp), p.out_dtype, xp=xp)

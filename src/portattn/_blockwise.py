@@ -13,8 +13,8 @@ later values are inf. Tiles that nothing hides build no mask at all.
 
 Everything here is plain array API code (it runs on ``array_api_strict``).
 The per-tile work is kept to the passes the algorithm needs: one matmul for
-the scores, a row max, one in-place subtraction, one ``exp``, a row sum and
-one matmul into the accumulator.
+the scores, a row max, one subtraction, one ``exp``, a row sum and one matmul
+into the accumulator.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import math
 
 import numpy as np
 
-from ._attention import empty_keys, expand, lse_from
-from ._lib._compat import is_writeable_array
+from ._lib._checks import int_pair
+from ._lib._compat import is_lazy_array, is_writeable_array, namespace_library
 from ._lib._typing import Array, Namespace
-from ._problem import Problem
-from ._softmax import exp_floor, safe_exp
+from ._problem import Problem, empty_result, expand
+from ._softmax import exp_floor, lse_from, safe_exp
 
 __all__ = ["block_sizes", "blockwise_attention"]
 
@@ -44,43 +44,28 @@ _FALLBACK = (512, 1 << 19)
 _QUERY_BLOCK_RANGE = (16, 1024)
 
 
-def _library(xp: Namespace) -> str:
-    return xp.__name__.removeprefix("array_api_compat.").split(".")[0]
-
-
 def block_sizes(
-    block_size: int | tuple[int, int] | None,
+    block_size: object,
     *,
     xp: Namespace,
     batch: tuple[int, ...] = (),
 ) -> tuple[int, int]:
     """Resolve ``block_size=`` to ``(query_block, key_block)``, with a tuned default per library."""
     if block_size is None:
-        bk, tile = _DEFAULTS.get(_library(xp), _FALLBACK)
+        bk, tile = _DEFAULTS.get(namespace_library(xp), _FALLBACK)
         lo, hi = _QUERY_BLOCK_RANGE
         bq = max(lo, min(hi, tile // (bk * max(1, math.prod(batch)))))
         return 1 << (bq.bit_length() - 1), bk  # a power of two: BLAS-friendly
-    if isinstance(block_size, int) and not isinstance(block_size, bool):
-        pair: tuple[object, ...] = (block_size, block_size)
-    elif isinstance(block_size, tuple) and len(block_size) == 2:
-        pair = block_size
-    else:
-        msg = f"expected block_size to be a positive int or a pair of them, got {block_size!r}"
-        raise ValueError(msg)
-    sizes = [b for b in pair if isinstance(b, int) and not isinstance(b, bool) and b > 0]
-    if len(sizes) != 2:
-        msg = f"expected block_size to be a positive int or a pair of them, got {block_size!r}"
-        raise ValueError(msg)
-    return sizes[0], sizes[1]
+    return int_pair("block_size", block_size, minimum=1)
 
 
 def blockwise_attention(
-    p: Problem, *, block_size: int | tuple[int, int] | None, xp: Namespace
+    p: Problem, *, block_size: tuple[int, int] | None, xp: Namespace
 ) -> tuple[Array, Array]:
     """Output (..., Lq, dv) and log-sum-exp (..., Lq) of ``p``, one query block at a time."""
     bq, bk = block_sizes(block_size, xp=xp, batch=p.batch)
     if p.lk == 0 or p.lq == 0:
-        return empty_keys(p, xp=xp)
+        return empty_result(p, xp=xp)
     k_t = xp.matrix_transpose(p.k)  # (..., d, Lk)
     floor = None if _exp_cannot_underflow(p, xp=xp) else exp_floor(p.q.dtype, xp=xp)
     if p.lq <= bq:
@@ -118,8 +103,11 @@ def _exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
     over every tile, a fifth of the run time) changes nothing, so it is
     skipped. Hidden entries are ``-inf``, whose ``exp`` is an exact 0 that
     raises no flag. Costs O((Lq + Lk) d) and two host syncs per call; inf
-    or NaN anywhere makes the bound fail, and then the clamp runs.
+    or NaN anywhere makes the bound fail, and then the clamp runs. Lazy
+    arrays (dask, tracers) are never read: the clamp runs for them.
     """
+    if is_lazy_array(p.q):
+        return False
     # Only the bound is computed here, so no floating-point flag it could
     # raise (tiny squares underflowing, huge ones overflowing) may escape:
     # either way the bound just fails and the clamp runs.
@@ -129,7 +117,10 @@ def _exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
         bias_spread = 0.0
         if p.bias is not None and math.prod(p.bias.shape) > 0:
             bias_spread = float(xp.max(p.bias)) - float(xp.min(p.bias))
-    spread = 2.0 * math.sqrt(q_sq) * math.sqrt(k_sq) + bias_spread
+    spread = 2.0 * math.sqrt(q_sq) * math.sqrt(k_sq)
+    if p.softcap is not None:
+        spread = min(spread, 2.0 * p.softcap)  # soft-capped scores lie in (-cap, cap)
+    spread += bias_spread
     # The margin of 1 covers rounding in the matmul and the subtraction;
     # NaN (from inf or NaN inputs) fails the comparison, as it should.
     return spread + 1.0 < -exp_floor(p.q.dtype, xp=xp)
@@ -157,10 +148,7 @@ def _query_block(
     m = total = acc = None
     for k0 in range(lo, hi, bk):
         k1 = min(k0 + bk, hi)
-        s = qb @ k_t[..., k0:k1]  # (..., bq, bk)
-        bias = p.bias_tile(q0, q1, k0, k1)
-        if bias is not None:
-            s = s + bias
+        s = p.scores(qb, k_t[..., k0:k1], q0, q1, k0, k1, xp=xp)  # (..., bq, bk)
         allowed = p.allowed(q0, q1, k0, k1, xp=xp)
         if allowed is not None:
             s = xp.where(allowed, s, neg_inf)
@@ -169,10 +157,8 @@ def _query_block(
         # A row that has seen nothing yet keeps m = -inf; shift it by 0 so
         # that -inf - -inf never happens (its exp terms are all exactly 0).
         shift = xp.where(m_new == neg_inf, zero, m_new)
-        if shift.shape[:-1] == s.shape[:-1]:
-            s -= shift  # s is a fresh tile, so updating it in place is safe
-        else:
-            s = s - shift
+        # Out of place: autograd may have saved s for the row max's gradient.
+        s = s - shift
         # exp may only see values it can take without an underflow flag
         # (see _softmax.exp_floor); floor is None when a bound proves it.
         e = xp.exp(s) if floor is None else safe_exp(s, floor, xp=xp)

@@ -6,12 +6,13 @@ import math
 
 import numpy as np
 
-from ._attention import run_attention, weights_impl
+from ._attention import solve, solve_weights
 from ._lib._checks import check_floating, check_same_device, dtype_name
 from ._lib._compat import array_namespace, resolve_namespace
 from ._lib._compat import device as device_of
 from ._lib._typing import Array, Device, DType, Namespace
 from ._masks import Causal
+from ._problem import prepare
 
 __all__ = ["Head", "from_numpy_float64", "standard_normal"]
 
@@ -214,12 +215,12 @@ class Head:
         """Attention weights ``softmax(Q Kᵀ / √d_head)``, (..., seq, seq); rows sum to 1."""
         xp = array_namespace(x, self.wq)
         q, k, _ = self._project(x, xp=xp)
-        return weights_impl(q, k, causal=causal, xp=xp)
+        return solve_weights(prepare(q, k, None, causal=causal, xp=xp), xp=xp)
 
     def __call__(self, x: Array, /, *, causal: Causal = False) -> Array:
         """The head's output for ``x`` of shape (..., seq, d_model): (..., seq, d_head)."""
         xp = array_namespace(x, self.wq)
         q, k, v = self._project(x, xp=xp)
-        out = run_attention(q, k, v, causal=causal, xp=xp)
+        out = solve(prepare(q, k, v, causal=causal, xp=xp), xp=xp)
         assert not isinstance(out, tuple)
         return out

@@ -11,7 +11,8 @@ import functools
 from dataclasses import dataclass
 from typing import Literal
 
-from ._lib._compat import resolve_namespace
+from ._lib._checks import int_pair
+from ._lib._compat import is_numpy_namespace, resolve_namespace
 from ._lib._typing import Array, Device, Namespace
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "Structure",
     "causal_mask",
     "length_mask",
+    "normalize_causal",
     "normalize_window",
     "window_mask",
 ]
@@ -43,24 +45,29 @@ def _check_length(name: str, n: object) -> int:
     return n
 
 
-def normalize_window(window: int | tuple[int, int] | None) -> tuple[int, int] | None:
+def normalize_window(window: object) -> tuple[int, int] | None:
     """``w`` means ``(w, w)``; negative sizes are refused."""
     if window is None:
         return None
-    if isinstance(window, int) and not isinstance(window, bool):
-        pair: tuple[object, ...] = (window, window)
-    elif isinstance(window, tuple) and len(window) == 2:
-        pair = window
-    else:
-        msg = f"expected window to be an int or a (left, right) pair of ints, got {window!r}"
-        raise ValueError(msg)
-    sizes = []
-    for side, value in zip(("left", "right"), pair, strict=True):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            msg = f"expected window {side} size to be a non-negative int, got {value!r}"
-            raise ValueError(msg)
-        sizes.append(value)
-    return sizes[0], sizes[1]
+    return int_pair("window", window, minimum=0)
+
+
+def normalize_causal(causal: object) -> bool | Align:
+    """``causal=`` as exactly ``False``, ``True`` or an alignment; nothing else is guessed at.
+
+    Run before anything is cached on it: ``1 == True`` hashes alike, so a
+    cache in front of this check would accept ``causal=1`` once ``True`` had
+    been seen.
+    """
+    if causal is None or causal is False or causal is True:
+        return bool(causal)
+    if isinstance(causal, str) and causal in _ALIGNS:
+        return "top_left" if causal == "top_left" else "bottom_right"
+    msg = (
+        "expected causal to be False, True, 'top_left' or 'bottom_right', "
+        f"got {type(causal).__name__} {causal!r}"
+    )
+    raise ValueError(msg)
 
 
 @dataclass(frozen=True)
@@ -80,32 +87,17 @@ class Structure:
     @classmethod
     def build(cls, lq: int, lk: int, causal: object, window: tuple[int, int] | None) -> Structure:
         """Resolve ``causal=`` and ``window=`` into one structure, refusing to guess alignment."""
-        if causal is False or causal is None:
-            is_causal, align = False, None
-        elif causal is True:
-            if lq != lk:
-                msg = (
-                    f"causal=True is ambiguous when Lq != Lk (got Lq={lq}, Lk={lk}): pass "
-                    "causal='top_left' (torch/JAX convention: query i sees keys j <= i) or "
-                    "causal='bottom_right' (KV-cache decoding: query i sees keys "
-                    "j <= i + Lk - Lq)"
-                )
-                raise ValueError(msg)
-            is_causal, align = True, "top_left"
-        elif isinstance(causal, str):
-            if causal not in _ALIGNS:
-                msg = (
-                    "expected causal to be False, True, 'top_left' or 'bottom_right', "
-                    f"got {causal!r}"
-                )
-                raise ValueError(msg)
-            is_causal, align = True, causal
-        else:
+        c = normalize_causal(causal)
+        if c is True and lq != lk:
             msg = (
-                "expected causal to be False, True, 'top_left' or 'bottom_right', "
-                f"got {type(causal).__name__} {causal!r}"
+                f"causal=True is ambiguous when Lq != Lk (got Lq={lq}, Lk={lk}): pass "
+                "causal='top_left' (torch/JAX convention: query i sees keys j <= i) or "
+                "causal='bottom_right' (KV-cache decoding: query i sees keys "
+                "j <= i + Lk - Lq)"
             )
             raise ValueError(msg)
+        is_causal = c is not False
+        align = None if c is False else ("top_left" if c is True else c)
         if window is not None and align is None:
             if lq != lk:
                 msg = (
@@ -149,13 +141,14 @@ class Structure:
     def shared_tile(
         self, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace, device: Device
     ) -> Array:
-        """:meth:`tile`, memoised for small tiles; the result is shared, so never write to it."""
-        if (q1 - q0) * (k1 - k0) > _SHARED_TILE_MAX:
+        """:meth:`tile`; on NumPy, small tiles are memoised and shared, so never write to them.
+
+        Only NumPy's tiles are kept: they are host data that no trace or
+        autograd graph can hold. Other libraries get a fresh tile each call.
+        """
+        if (q1 - q0) * (k1 - k0) > _SHARED_TILE_MAX or not is_numpy_namespace(xp):
             return self.tile(q0, q1, k0, k1, xp=xp, device=device)
-        try:
-            return _shared_tile(self, q0, q1, k0, k1, xp, device)
-        except TypeError:  # a device object that cannot be hashed
-            return self.tile(q0, q1, k0, k1, xp=xp, device=device)
+        return _numpy_tile(self, q0, q1, k0, k1)
 
     def tile(self, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace, device: Device) -> Array:
         """The boolean mask of the tile ``[q0, q1) x [k0, k1)``, True where allowed."""
@@ -177,10 +170,16 @@ _SHARED_TILE_MAX = 1 << 16
 
 
 @functools.lru_cache(maxsize=64)
-def _shared_tile(
-    s: Structure, q0: int, q1: int, k0: int, k1: int, xp: Namespace, device: Device
-) -> Array:
-    return s.tile(q0, q1, k0, k1, xp=xp, device=device)
+def _numpy_tile(s: Structure, q0: int, q1: int, k0: int, k1: int) -> Array:
+    tile = s.tile(q0, q1, k0, k1, xp=_np_xp(), device="cpu")
+    tile.flags.writeable = False
+    return tile
+
+
+def _np_xp() -> Namespace:
+    import array_api_compat.numpy as np_xp
+
+    return np_xp
 
 
 def causal_mask(

@@ -14,16 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from ._attention import run_attention, weights_impl
+from ._attention import solve, solve_weights
 from ._head import from_numpy_float64, standard_normal
 from ._kvcache import KVCache
 from ._lib._checks import check_floating, check_same_device, dtype_name
 from ._lib._compat import array_namespace, resolve_namespace
 from ._lib._compat import device as device_of
-from ._lib._convert import to_numpy
 from ._lib._typing import Array, Device, DType, Namespace
 from ._masks import Causal
 from ._positions import RopeLayout, rope_impl
+from ._problem import prepare
+from ._torch_convert import from_torch, from_torch_weights, to_torch
 
 __all__ = ["MultiHeadAttention"]
 
@@ -326,26 +327,14 @@ class MultiHeadAttention:
         >>> pa.MultiHeadAttention.from_torch_weights(w_in, w_out, num_heads=2).d_head
         2
         """
-        xp = array_namespace(in_proj_weight, out_proj_weight, in_proj_bias, out_proj_bias)
-        w = in_proj_weight
-        if w.ndim != 2 or int(w.shape[0]) != 3 * int(w.shape[1]):
-            msg = f"expected in_proj_weight of shape (3 * d_model, d_model), got shape {_shape(w)}"
-            raise ValueError(msg)
-        d = int(w.shape[1])
-        wq, wk, wv = (xp.matrix_transpose(w[i * d : (i + 1) * d, :]) for i in range(3))
-        bq = bk = bv = None
-        if in_proj_bias is not None:
-            if _shape(in_proj_bias) != (3 * d,):
-                msg = f"expected in_proj_bias of shape ({3 * d},), got shape {_shape(in_proj_bias)}"
-                raise ValueError(msg)
-            bq, bk, bv = (in_proj_bias[i * d : (i + 1) * d] for i in range(3))
-        if out_proj_weight.ndim != 2:
-            msg = (
-                f"expected out_proj_weight of shape ({d}, {d}), got shape {_shape(out_proj_weight)}"
-            )
-            raise ValueError(msg)
-        wo = xp.matrix_transpose(out_proj_weight)
-        return cls(wq, wk, wv, wo, num_heads=num_heads, bq=bq, bk=bk, bv=bv, bo=out_proj_bias)
+        arrays, options = from_torch_weights(
+            in_proj_weight,
+            out_proj_weight,
+            num_heads=num_heads,
+            in_proj_bias=in_proj_bias,
+            out_proj_bias=out_proj_bias,
+        )
+        return cls(*arrays, **options)
 
     @classmethod
     def from_torch(
@@ -384,54 +373,8 @@ class MultiHeadAttention:
             A module using ``add_bias_kv``, ``add_zero_attn``, or
             ``kdim != vdim``.
         """
-        ns = resolve_namespace(xp)
-        if getattr(module, "bias_k", None) is not None or getattr(module, "add_zero_attn", False):
-            msg = (
-                "expected a torch.nn.MultiheadAttention without add_bias_kv or add_zero_attn, "
-                "got one that uses them"
-            )
-            raise ValueError(msg)
-        if module.kdim != module.vdim:
-            msg = (
-                "expected kdim == vdim (one context feeds keys and values), "
-                f"got kdim={module.kdim}, vdim={module.vdim}"
-            )
-            raise ValueError(msg)
-
-        def conv(t: Any) -> Array | None:
-            if t is None:
-                return None
-            a = to_numpy(t.detach())
-            target = dtype
-            if target is None:
-                target = ns.float64 if a.dtype == np.float64 else ns.float32
-            return from_numpy_float64(a.astype(np.float64), xp=ns, dtype=target, device=device)
-
-        e = module.embed_dim
-        if module.in_proj_weight is not None:
-            w = module.in_proj_weight
-            wq, wk, wv = (conv(w[i * e : (i + 1) * e].T) for i in range(3))
-        else:
-            wq, wk, wv = (
-                conv(module.q_proj_weight.T),
-                conv(module.k_proj_weight.T),
-                conv(module.v_proj_weight.T),
-            )
-        bq = bk = bv = None
-        if module.in_proj_bias is not None:
-            b = module.in_proj_bias
-            bq, bk, bv = (conv(b[i * e : (i + 1) * e]) for i in range(3))
-        return cls(
-            wq,
-            wk,
-            wv,
-            conv(module.out_proj.weight.T),
-            num_heads=module.num_heads,
-            bq=bq,
-            bk=bk,
-            bv=bv,
-            bo=conv(module.out_proj.bias),
-        )
+        arrays, options = from_torch(module, xp=xp, dtype=dtype, device=device)
+        return cls(*arrays, **options)
 
     def to_torch(self) -> Any:
         """A ``torch.nn.MultiheadAttention`` (``batch_first=True``, CPU) holding these weights.
@@ -443,55 +386,7 @@ class MultiHeadAttention:
         -------
         torch.nn.MultiheadAttention
         """
-        import torch
-
-        if self.num_kv_heads != self.num_heads or self.rope is not None:
-            msg = (
-                "expected num_kv_heads == num_heads and rope=None (torch.nn.MultiheadAttention "
-                f"has neither GQA nor RoPE), got num_kv_heads={self.num_kv_heads}, "
-                f"num_heads={self.num_heads}, rope={self.rope!r}"
-            )
-            raise ValueError(msg)
-        inner = self.num_heads * self.d_head
-        if inner != self.d_model:
-            msg = (
-                "expected num_heads * d_head == d_model (torch.nn.MultiheadAttention's layout), "
-                f"got {self.num_heads} * {self.d_head} != {self.d_model}"
-            )
-            raise ValueError(msg)
-        has_bias = any(b is not None for b in (self.bq, self.bk, self.bv, self.bo))
-        w = {k: to_numpy(getattr(self, k)) for k in ("wq", "wk", "wv", "wo")}
-        dtype = torch.float64 if w["wq"].dtype == np.float64 else torch.float32
-        kdim = None if self.d_context == self.d_model else self.d_context
-        module = torch.nn.MultiheadAttention(
-            self.d_model,
-            self.num_heads,
-            bias=has_bias,
-            batch_first=True,
-            kdim=kdim,
-            vdim=kdim,
-            dtype=dtype,
-        )
-
-        def t(a: np.ndarray) -> Any:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
-
-        def b(x: Array | None, n: int) -> np.ndarray:
-            return np.zeros(n) if x is None else to_numpy(x)
-
-        with torch.no_grad():
-            if module.in_proj_weight is not None:
-                module.in_proj_weight.copy_(t(np.concatenate([w["wq"].T, w["wk"].T, w["wv"].T])))
-            else:
-                module.q_proj_weight.copy_(t(w["wq"].T))
-                module.k_proj_weight.copy_(t(w["wk"].T))
-                module.v_proj_weight.copy_(t(w["wv"].T))
-            module.out_proj.weight.copy_(t(w["wo"].T))
-            if has_bias:
-                parts = [b(self.bq, inner), b(self.bk, inner), b(self.bv, inner)]
-                module.in_proj_bias.copy_(t(np.concatenate(parts)))
-                module.out_proj.bias.copy_(t(b(self.bo, self.d_model)))
-        return module
+        return to_torch(self)
 
     def new_cache(
         self, *, batch_shape: tuple[int, ...] = (), capacity: int | None = None
@@ -671,9 +566,10 @@ class MultiHeadAttention:
             cache=cache,
             xp=xp,
         )
-        out = run_attention(
+        p = prepare(
             q, k, v, mask=mask, causal=causal, window=window, key_lengths=key_lengths, xp=xp
-        )  # (..., Hkv, G, Lq, dh)
+        )
+        out = solve(p, xp=xp)  # (..., Hkv, G, Lq, dh)
         assert not isinstance(out, tuple)
         nb = out.ndim - 4
         out = xp.permute_dims(
@@ -718,7 +614,8 @@ class MultiHeadAttention:
             cache=None,
             xp=xp,
         )
-        w = weights_impl(
-            q, k, mask=mask, causal=causal, window=window, key_lengths=key_lengths, xp=xp
+        p = prepare(
+            q, k, None, mask=mask, causal=causal, window=window, key_lengths=key_lengths, xp=xp
         )
+        w = solve_weights(p, xp=xp)  # (..., Hkv, G, Lq, Lk)
         return xp.reshape(w, (*w.shape[:-4], self.num_heads, *w.shape[-2:]))  # (..., H, Lq, Lk)

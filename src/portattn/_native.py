@@ -20,20 +20,16 @@ from __future__ import annotations
 
 import math
 
-from ._attention import empty_keys
+from ._lib._compat import namespace_library
 from ._lib._typing import Array, Namespace
-from ._problem import Problem
+from ._problem import Problem, empty_result
 
 __all__ = ["native_attention"]
 
 
-def _library(xp: Namespace) -> str:
-    return xp.__name__.removeprefix("array_api_compat.").split(".")[0]
-
-
 def native_attention(p: Problem, *, return_lse: bool, xp: Namespace) -> tuple[Array, Array | None]:
     """Output (..., Lq, dv) of ``p`` from the library's fused kernel; lse is never available."""
-    lib = _library(xp)
+    lib = namespace_library(xp)
     if lib not in ("torch", "jax"):
         msg = (
             f"impl='native' delegates to torch.nn.functional.scaled_dot_product_attention "
@@ -47,8 +43,14 @@ def native_attention(p: Problem, *, return_lse: bool, xp: Namespace) -> tuple[Ar
             "kernel does not expose it; use impl='blockwise' or 'materialize' with return_lse=True"
         )
         raise NotImplementedError(msg)
+    if p.softcap is not None:
+        msg = (
+            f"impl='native' cannot soft-cap scores on {lib}: its fused kernel has no softcap; "
+            "use impl='auto', 'blockwise' or 'materialize'"
+        )
+        raise NotImplementedError(msg)
     if p.lk == 0 or p.lq == 0:
-        out, _ = empty_keys(p, xp=xp)
+        out, _ = empty_result(p, xp=xp)
         return out, None
     # Plain top-left causal is the kernels' own is_causal (never a fully
     # hidden row, and no (Lq, Lk) mask to build); anything else is one mask.

@@ -1,8 +1,11 @@
 """Validate the arguments of an attention call once, into a :class:`Problem` every path shares.
 
 The materialising, blockwise and native paths all read the same validated
-problem, so semantics (masking, alignment, padding, dtypes) are decided in one
-place and the paths differ only in how they schedule the arithmetic.
+problem, so semantics (masking, alignment, padding, soft-capping, dtypes) are
+decided in one place and the paths differ only in how they schedule the
+arithmetic. :func:`prepare` is the only place, besides the public signatures
+of :func:`~portattn.attention` and :func:`~portattn.attention_weights`, that
+lists the options.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ from ._lib._checks import (
 )
 from ._lib._precision import compute_dtype
 from ._lib._typing import Array, Device, DType, Namespace
-from ._masks import Structure, length_mask, normalize_window
+from ._masks import Structure, length_mask, normalize_causal, normalize_window
 
-__all__ = ["Problem", "prepare"]
+__all__ = ["Problem", "empty_result", "expand", "prepare"]
 
 
 @dataclass(slots=True)
@@ -44,6 +47,7 @@ class Problem:
     out_dtype: DType
     device: Device
     scale: float
+    softcap: float | None = None  # scores become tanh(s / softcap) * softcap before the bias
 
     @property
     def lq(self) -> int:
@@ -80,6 +84,35 @@ class Problem:
     def bias_tile(self, q0: int, q1: int, k0: int, k1: int) -> Array | None:
         return None if self.bias is None else _tile(self.bias, q0, q1, k0, k1)
 
+    def scores(
+        self, q_block: Array, k_t: Array, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace
+    ) -> Array:
+        """Scores of the tile ``[q0, q1) x [k0, k1)``: scaled, soft-capped, plus the bias.
+
+        ``q_block`` is ``q[..., q0:q1, :]`` and ``k_t`` the transposed keys
+        ``k[..., k0:k1, :]ᵀ``; both are passed in so that callers slice once
+        per block rather than once per tile. Hidden pairs are not masked here.
+        """
+        s = q_block @ k_t  # (..., q1-q0, k1-k0), already scaled through q
+        if self.softcap is not None:
+            s = xp.tanh(s / self.softcap) * self.softcap  # Gemma 2's logit soft-capping
+        bias = self.bias_tile(q0, q1, k0, k1)
+        return s if bias is None else s + bias
+
+
+def empty_result(p: Problem, *, xp: Namespace) -> tuple[Array, Array]:
+    """Nothing to attend to (``Lk == 0``) or nobody asking (``Lq == 0``): zeros, lse ``-inf``."""
+    out = xp.zeros((*p.batch, p.lq, p.dv), dtype=p.q.dtype, device=p.device)
+    lse = xp.full((*p.batch, p.lq), -math.inf, dtype=p.q.dtype, device=p.device)
+    return out, lse
+
+
+def expand(x: Array, shape: tuple[int, ...], *, xp: Namespace) -> Array:
+    """Broadcast ``x`` to ``shape`` as a fresh, writable array (no-op when it already fits)."""
+    if tuple(x.shape) == shape:
+        return x
+    return xp.asarray(xp.broadcast_to(x, shape), copy=True)
+
 
 def _tile(x: Array, q0: int, q1: int, k0: int, k1: int) -> Array:
     rows = slice(None) if x.shape[-2] == 1 else slice(q0, q1)
@@ -100,16 +133,9 @@ def _as(x: Array, dtype: DType, *, xp: Namespace) -> Array:
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_structure(lq: int, lk: int, causal: object, window: object) -> Structure:
-    return Structure.build(lq, lk, causal, normalize_window(window))  # type: ignore[arg-type]
-
-
-def _structure(lq: int, lk: int, causal: object, window: object) -> Structure:
-    """:meth:`Structure.build`, memoised: calls repeat the same few shapes and options."""
-    try:
-        return _cached_structure(lq, lk, causal, window)
-    except TypeError:  # an unhashable option: let the builder name what is wrong
-        return Structure.build(lq, lk, causal, normalize_window(window))  # type: ignore[arg-type]
+def _structure(lq: int, lk: int, causal: bool | str, window: tuple[int, int] | None) -> Structure:
+    """:meth:`Structure.build` on already validated options, memoised: calls repeat them."""
+    return Structure.build(lq, lk, causal, window)
 
 
 def _check_lengths(name: str, x: Array | None, *, xp: Namespace) -> None:
@@ -123,19 +149,24 @@ def prepare(
     key: Array,
     value: Array | None,
     *,
-    mask: Array | None,
-    bias: Array | None,
-    causal: object,
-    scale: float | None,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    causal: object = False,
+    scale: float | None = None,
     window: int | tuple[int, int] | None = None,
     key_lengths: Array | None = None,
     query_lengths: Array | None = None,
+    softcap: float | None = None,
     xp: Namespace,
 ) -> Problem:
     """Check every argument and return the problem in compute precision.
 
     ``value=None`` validates a weights-only call (:func:`attention_weights`).
+    Options are validated before anything is cached on them.
     """
+    causal = normalize_causal(causal)
+    window = normalize_window(window)
+    cap = None if softcap is None else _check_softcap(softcap)
     arrays = (("query", query), ("key", key), ("value", value))
     for name, x in arrays:
         if x is not None:
@@ -228,4 +259,13 @@ def prepare(
         out_dtype=out_dtype,
         device=dev,
         scale=scale_value,
+        softcap=cap,
     )
+
+
+def _check_softcap(softcap: object) -> float:
+    value = check_finite_scale(softcap, name="softcap")
+    if value <= 0:
+        msg = f"expected softcap to be a positive finite number or None, got {value}"
+        raise ValueError(msg)
+    return value

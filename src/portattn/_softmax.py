@@ -9,12 +9,7 @@ from ._lib._compat import array_namespace
 from ._lib._precision import compute_dtype, narrow
 from ._lib._typing import Array, Namespace
 
-__all__ = ["exp_floor", "masked_softmax", "safe_exp", "softmax"]
-
-
-# Keyed by (namespace, dtype): dtypes of different libraries may hash alike
-# and must never be compared with each other.
-_FLOORS: dict[tuple[object, object], float] = {}
+__all__ = ["exp_floor", "lse_from", "masked_softmax", "safe_exp", "softmax"]
 
 
 def exp_floor(dtype: object, *, xp: Namespace) -> float:
@@ -25,10 +20,11 @@ def exp_floor(dtype: object, *, xp: Namespace) -> float:
     times smaller than the smallest normal number, far below any precision
     the result can hold; the margin keeps ``e / sum`` normal as well.
     """
-    floor = _FLOORS.get((xp, dtype))
-    if floor is None:
-        floor = _FLOORS[xp, dtype] = math.log(float(xp.finfo(dtype).smallest_normal)) + 30.0
-    return floor
+    return _FLOORS[xp.finfo(dtype).bits]
+
+
+# Compute dtypes are float32 and float64 only (see _lib._precision).
+_FLOORS = {bits: math.log(tiny) + 30.0 for bits, tiny in ((32, 2.0**-126), (64, 2.0**-1022))}
 
 
 def safe_exp(z: Array, floor: float, *, xp: Namespace) -> Array:
@@ -64,6 +60,14 @@ def masked_softmax(
         total_safe = xp.where(total > 0, total, 1.0)
         return e / total_safe, row_max, total
     return e / total, row_max, total
+
+
+def lse_from(row_max: Array, total: Array, *, xp: Namespace) -> Array:
+    """``max + log(sum)``, ``-inf`` where the row saw nothing; shapes (..., Lq, 1) -> (..., Lq)."""
+    seen = total > 0
+    lse = row_max + xp.log(xp.where(seen, total, 1.0))
+    lse = xp.where(seen, lse, -math.inf)
+    return lse[..., 0]
 
 
 def softmax(x: Array, /, *, axis: int = -1) -> Array:

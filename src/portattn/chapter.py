@@ -19,11 +19,12 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from ._attention import weights_impl
+from ._attention import solve_weights
 from ._head import Head, from_numpy_float64, standard_normal
 from ._lib._compat import resolve_namespace
 from ._lib._convert import to_numpy
 from ._lib._typing import Array, DType, Namespace
+from ._problem import prepare
 from ._softmax import masked_softmax
 
 __all__ = [
@@ -293,7 +294,7 @@ def demo_weights(
     head = Head.random(d_model, d_model, seed=0, std=d_model**-0.5, xp=ns)
     x = demo_embeddings(tokens, d_model=d_model, xp=ns)
     q, k = x @ head.wq, x @ head.wk
-    return weights_impl(q, k, causal=causal, xp=ns)
+    return solve_weights(prepare(q, k, None, causal=causal, xp=ns), xp=ns)
 
 
 def describe_row(tokens: Sequence[str], weights: Array, i: int, /) -> str:

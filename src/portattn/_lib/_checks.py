@@ -13,11 +13,14 @@ __all__ = [
     "broadcast_shapes",
     "check_bool",
     "check_finite_scale",
+    "check_flag",
     "check_floating",
+    "check_int",
     "check_rank",
     "check_same_device",
     "dtype_name",
     "has_kind",
+    "int_pair",
 ]
 
 
@@ -31,12 +34,16 @@ def dtype_name(dtype: DType) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
-_KIND_CACHE: dict[tuple[object, object, str], bool] = {}
+# Keyed by the dtype's class as well as the dtype: dtypes of two libraries
+# never share a class, so they are never confused (``np.dtype("float64") ==
+# None`` is True, and other libraries' dtypes may compare loosely too). No
+# namespace or array is held: those break tracing.
+_KIND_CACHE: dict[tuple[type, object, str], bool] = {}
 
 
 def has_kind(dtype: DType, kind: str, *, xp: Namespace) -> bool:
-    """``xp.isdtype(dtype, kind)``, memoised: dtypes and namespaces are few and hashable."""
-    key = (xp, dtype, kind)
+    """``xp.isdtype(dtype, kind)``, memoised by the dtype's class and value."""
+    key = (type(dtype), dtype, kind)
     hit = _KIND_CACHE.get(key)
     if hit is None:
         hit = _KIND_CACHE[key] = bool(xp.isdtype(dtype, kind))
@@ -91,14 +98,14 @@ def check_same_device(named: Sequence[tuple[str, Array | None]]) -> Device:
     return first_dev
 
 
-def check_finite_scale(scale: object) -> float:
-    """Validate ``scale=`` and return it as a Python float."""
+def check_finite_scale(scale: object, *, name: str = "scale") -> float:
+    """Validate a real option such as ``scale=`` and return it as a Python float."""
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        msg = f"expected scale to be a finite real number or None, got {type(scale).__name__}"
+        msg = f"expected {name} to be a finite real number or None, got {type(scale).__name__}"
         raise ValueError(msg)
     value = float(scale)
     if not math.isfinite(value):
-        msg = f"expected scale to be a finite real number or None, got {value}"
+        msg = f"expected {name} to be a finite real number or None, got {value}"
         raise ValueError(msg)
     return value
 
@@ -128,3 +135,45 @@ def broadcast_shapes(named: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[int,
         result = tuple(out)
         so_far.append(name)
     return result
+
+
+def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
+    """``value`` as a Python int: any ``numbers.Integral`` but bool, at least ``minimum``.
+
+    Options of the wrong kind raise ValueError, like every option check here
+    (``scale``, ``causal``, ``window``); TypeError is kept for arrays.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        bound = "" if minimum is None else f" >= {minimum}"
+        msg = f"expected {name} to be an int{bound}, got {type(value).__name__} {value!r}"
+        raise ValueError(msg)
+    n = int(value)
+    if minimum is not None and n < minimum:
+        msg = f"expected {name} to be an int >= {minimum}, got {n}"
+        raise ValueError(msg)
+    return n
+
+
+def int_pair(name: str, value: object, *, minimum: int) -> tuple[int, int]:
+    """``n`` or ``(a, b)`` as a pair of Python ints, each at least ``minimum``."""
+    if isinstance(value, tuple | list):
+        if len(value) != 2:
+            msg = f"expected {name} to be an int or a pair of ints, got {value!r}"
+            raise ValueError(msg)
+        return check_int(name, value[0], minimum=minimum), check_int(
+            name, value[1], minimum=minimum
+        )
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        got = f"{type(value).__name__} {value!r}"
+        msg = f"expected {name} to be an int or a pair of ints, got {got}"
+        raise ValueError(msg)
+    n = check_int(name, value, minimum=minimum)
+    return n, n
+
+
+def check_flag(name: str, value: object) -> bool:
+    """A real ``bool`` (NumPy's ``bool_`` too); ``"no"`` or ``0`` are refused, never guessed."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    msg = f"expected {name} to be True or False, got {type(value).__name__} {value!r}"
+    raise ValueError(msg)

@@ -1,0 +1,193 @@
+"""Conversion between :class:`~portattn.MultiHeadAttention` and ``torch.nn.MultiheadAttention``.
+
+Kept apart from the class so that the attention itself reads on one screen;
+the class's ``from_torch_weights``, ``from_torch`` and ``to_torch`` delegate here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from ._head import from_numpy_float64
+from ._lib._compat import array_namespace, resolve_namespace
+from ._lib._convert import to_numpy
+from ._lib._typing import Array, Device, DType, Namespace
+
+__all__ = ["Layers", "from_torch", "from_torch_weights", "to_torch"]
+
+# What the conversions read or make: MultiHeadAttention's constructor
+# arguments (from torch) and attributes (to torch). Described structurally so
+# that this module needs no import of the class.
+# (wq, wk, wv, wo) and the keyword options: MultiHeadAttention(*arrays, **options).
+Weights = tuple[tuple[Array, Array, Array, Array], dict[str, Any]]
+
+
+class Layers(Protocol):
+    """The attributes of a :class:`~portattn.MultiHeadAttention` that ``to_torch`` reads."""
+
+    wq: Array
+    wk: Array
+    wv: Array
+    wo: Array
+    bq: Array | None
+    bk: Array | None
+    bv: Array | None
+    bo: Array | None
+    num_heads: int
+    num_kv_heads: int
+    d_head: int
+    d_model: int
+    d_context: int
+
+    @property
+    def rope(self) -> str | None: ...
+
+
+def _shape(a: Array) -> tuple[int, ...]:
+    return tuple(int(n) for n in a.shape)
+
+
+def from_torch_weights(
+    in_proj_weight: Array,
+    out_proj_weight: Array,
+    /,
+    *,
+    num_heads: int,
+    in_proj_bias: Array | None = None,
+    out_proj_bias: Array | None = None,
+) -> Weights:
+    """The constructor arguments of :meth:`MultiHeadAttention.from_torch_weights`."""
+    xp = array_namespace(in_proj_weight, out_proj_weight, in_proj_bias, out_proj_bias)
+    w = in_proj_weight
+    if w.ndim != 2 or int(w.shape[0]) != 3 * int(w.shape[1]):
+        msg = f"expected in_proj_weight of shape (3 * d_model, d_model), got shape {_shape(w)}"
+        raise ValueError(msg)
+    d = int(w.shape[1])
+    wq, wk, wv = (xp.matrix_transpose(w[i * d : (i + 1) * d, :]) for i in range(3))
+    bq = bk = bv = None
+    if in_proj_bias is not None:
+        if _shape(in_proj_bias) != (3 * d,):
+            msg = f"expected in_proj_bias of shape ({3 * d},), got shape {_shape(in_proj_bias)}"
+            raise ValueError(msg)
+        bq, bk, bv = (in_proj_bias[i * d : (i + 1) * d] for i in range(3))
+    if out_proj_weight.ndim != 2:
+        msg = f"expected out_proj_weight of shape ({d}, {d}), got shape {_shape(out_proj_weight)}"
+        raise ValueError(msg)
+    wo = xp.matrix_transpose(out_proj_weight)
+    return (wq, wk, wv, wo), {
+        "num_heads": num_heads,
+        "bq": bq,
+        "bk": bk,
+        "bv": bv,
+        "bo": out_proj_bias,
+    }
+
+
+def from_torch(
+    module: Any,
+    /,
+    *,
+    xp: Namespace | None = None,
+    dtype: DType | None = None,
+    device: Device | None = None,
+) -> Weights:
+    """The constructor arguments of :meth:`MultiHeadAttention.from_torch`."""
+    ns = resolve_namespace(xp)
+    if getattr(module, "bias_k", None) is not None or getattr(module, "add_zero_attn", False):
+        msg = (
+            "expected a torch.nn.MultiheadAttention without add_bias_kv or add_zero_attn, "
+            "got one that uses them"
+        )
+        raise ValueError(msg)
+    if module.kdim != module.vdim:
+        msg = (
+            "expected kdim == vdim (one context feeds keys and values), "
+            f"got kdim={module.kdim}, vdim={module.vdim}"
+        )
+        raise ValueError(msg)
+
+    def conv(t: Any) -> Array | None:
+        if t is None:
+            return None
+        a = to_numpy(t.detach())
+        target = dtype
+        if target is None:
+            target = ns.float64 if a.dtype == np.float64 else ns.float32
+        return from_numpy_float64(a.astype(np.float64), xp=ns, dtype=target, device=device)
+
+    e = module.embed_dim
+    if module.in_proj_weight is not None:
+        w = module.in_proj_weight
+        wq, wk, wv = (conv(w[i * e : (i + 1) * e].T) for i in range(3))
+    else:
+        wq, wk, wv = (
+            conv(module.q_proj_weight.T),
+            conv(module.k_proj_weight.T),
+            conv(module.v_proj_weight.T),
+        )
+    bq = bk = bv = None
+    if module.in_proj_bias is not None:
+        b = module.in_proj_bias
+        bq, bk, bv = (conv(b[i * e : (i + 1) * e]) for i in range(3))
+    return (wq, wk, wv, conv(module.out_proj.weight.T)), {
+        "num_heads": module.num_heads,
+        "bq": bq,
+        "bk": bk,
+        "bv": bv,
+        "bo": conv(module.out_proj.bias),
+    }
+
+
+def to_torch(self: Layers) -> Any:
+    """:meth:`MultiHeadAttention.to_torch`."""
+    import torch
+
+    if self.num_kv_heads != self.num_heads or self.rope is not None:
+        msg = (
+            "expected num_kv_heads == num_heads and rope=None (torch.nn.MultiheadAttention "
+            f"has neither GQA nor RoPE), got num_kv_heads={self.num_kv_heads}, "
+            f"num_heads={self.num_heads}, rope={self.rope!r}"
+        )
+        raise ValueError(msg)
+    inner = self.num_heads * self.d_head
+    if inner != self.d_model:
+        msg = (
+            "expected num_heads * d_head == d_model (torch.nn.MultiheadAttention's layout), "
+            f"got {self.num_heads} * {self.d_head} != {self.d_model}"
+        )
+        raise ValueError(msg)
+    has_bias = any(b is not None for b in (self.bq, self.bk, self.bv, self.bo))
+    w = {k: to_numpy(getattr(self, k)) for k in ("wq", "wk", "wv", "wo")}
+    dtype = torch.float64 if w["wq"].dtype == np.float64 else torch.float32
+    kdim = None if self.d_context == self.d_model else self.d_context
+    module = torch.nn.MultiheadAttention(
+        self.d_model,
+        self.num_heads,
+        bias=has_bias,
+        batch_first=True,
+        kdim=kdim,
+        vdim=kdim,
+        dtype=dtype,
+    )
+
+    def t(a: np.ndarray) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
+
+    def b(x: Array | None, n: int) -> np.ndarray:
+        return np.zeros(n) if x is None else to_numpy(x)
+
+    with torch.no_grad():
+        if module.in_proj_weight is not None:
+            module.in_proj_weight.copy_(t(np.concatenate([w["wq"].T, w["wk"].T, w["wv"].T])))
+        else:
+            module.q_proj_weight.copy_(t(w["wq"].T))
+            module.k_proj_weight.copy_(t(w["wk"].T))
+            module.v_proj_weight.copy_(t(w["wv"].T))
+        module.out_proj.weight.copy_(t(w["wo"].T))
+        if has_bias:
+            parts = [b(self.bq, inner), b(self.bk, inner), b(self.bv, inner)]
+            module.in_proj_bias.copy_(t(np.concatenate(parts)))
+            module.out_proj.bias.copy_(t(b(self.bo, self.d_model)))
+    return module
