@@ -8,8 +8,7 @@ import numpy as np
 
 from ._attention import solve, solve_weights
 from ._lib._checks import check_floating, check_same_device, dtype_name
-from ._lib._compat import array_namespace, resolve_namespace
-from ._lib._compat import device as device_of
+from ._lib._compat import array_namespace, device_of, resolve_namespace
 from ._lib._typing import Array, Device, DType, Namespace
 from ._masks import Causal
 from ._problem import prepare

@@ -9,8 +9,7 @@ sequence, which is why decoding aligns the causal mask bottom-right.
 from __future__ import annotations
 
 from ._lib._checks import dtype_name
-from ._lib._compat import array_namespace, is_writeable_array, resolve_namespace
-from ._lib._compat import device as device_of
+from ._lib._compat import array_namespace, device_of, is_writeable_array, resolve_namespace
 from ._lib._typing import Array, Device, DType, Namespace
 
 __all__ = ["KVCache"]

@@ -21,9 +21,8 @@ import math
 from typing import NamedTuple
 
 from ._lib._checks import broadcast_shapes, check_floating
-from ._lib._compat import array_namespace
-from ._lib._compat import device as _device
-from ._lib._precision import compute_dtype
+from ._lib._compat import array_namespace, device_of
+from ._lib._precision import compute_dtype, narrow
 from ._lib._typing import Array, Namespace
 
 __all__ = ["LinearAttentionState", "elu_feature_map", "linear_attention", "linear_attention_step"]
@@ -63,7 +62,7 @@ def elu_feature_map(x: Array, /) -> Array:
     xp = array_namespace(x)
     check_floating("x", x, xp=xp)
     work = compute_dtype(x.dtype, xp=xp)
-    return xp.astype(_phi(xp.astype(x, work), xp=xp), x.dtype, copy=False)
+    return narrow(_phi(xp.astype(x, work), xp=xp), x.dtype, xp=xp)
 
 
 def _check_eps(eps: object) -> float:
@@ -169,7 +168,7 @@ def linear_attention(
         num = fq @ kv  # (..., Lq, dv)
         den = xp.sum(fq * z[..., None, :], axis=-1, keepdims=True)  # (..., Lq, 1)
         out = num / (den + e)
-    return xp.astype(out, out_dtype, copy=False)
+    return narrow(out, out_dtype, xp=xp)
 
 
 def _causal(
@@ -187,8 +186,8 @@ def _causal(
             ("value", tuple(v.shape[:-2])),
         ]
     )
-    s = xp.zeros((*batch, d, dv), dtype=fq.dtype, device=_device(fq))  # running S
-    z = xp.zeros((*batch, d), dtype=fq.dtype, device=_device(fq))  # running z
+    s = xp.zeros((*batch, d, dv), dtype=fq.dtype, device=device_of(fq))  # running S
+    z = xp.zeros((*batch, d), dtype=fq.dtype, device=device_of(fq))  # running z
     outs = []
     for c0 in range(0, n, c):
         c1 = min(n, c0 + c)
@@ -201,7 +200,7 @@ def _causal(
         outs.append(num / (den + eps))
         s, z = s_pre[..., -1, :, :], z_pre[..., -1, :]
     if not outs:
-        return xp.zeros((*batch, 0, dv), dtype=fq.dtype, device=_device(fq))
+        return xp.zeros((*batch, 0, dv), dtype=fq.dtype, device=device_of(fq))
     return xp.concat(outs, axis=-2) if len(outs) > 1 else outs[0]
 
 
@@ -283,4 +282,4 @@ def linear_attention_step(
     num = (fq[..., None, :] @ s)[..., 0, :]  # (..., dv)
     den = xp.sum(fq * z, axis=-1, keepdims=True)  # (..., 1)
     out = num / (den + e)
-    return xp.astype(out, out_dtype, copy=False), LinearAttentionState(s, z)
+    return narrow(out, out_dtype, xp=xp), LinearAttentionState(s, z)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ._lib._checks import check_floating
-from ._lib._compat import array_namespace, device
+from ._lib._compat import array_namespace, device_of
+from ._lib._precision import narrow
 from ._lib._typing import Array
 from ._softmax import exp_floor, safe_exp
 
@@ -72,15 +73,15 @@ def merge_attention(outputs: Sequence[Array], lses: Sequence[Array], /) -> tuple
         raise ValueError(msg)
     work = xp.result_type(*(x.dtype for x in lses))
     ls = xp.stack([xp.astype(x, work) for x in lses], axis=0)  # (C, ..., Lq)
-    neg_inf = xp.asarray(-xp.inf, dtype=work, device=device(ls))
+    neg_inf = xp.asarray(-xp.inf, dtype=work, device=device_of(ls))
     top = xp.max(ls, axis=0)  # (..., Lq)
     shift = xp.where(top == neg_inf, xp.zeros_like(top), top)
     w = safe_exp(ls - shift, exp_floor(work, xp=xp), xp=xp)  # (C, ..., Lq), each <= 1
     total = xp.sum(w, axis=0)
     seen = total > 0
     safe_total = xp.where(seen, total, xp.ones_like(total))
-    out = xp.zeros(shape, dtype=work, device=device(ls))
+    out = xp.zeros(shape, dtype=work, device=device_of(ls))
     for c, o in enumerate(outputs):
         out = out + xp.astype(o, work) * (w[c, ...] / safe_total)[..., None]
     lse = xp.where(seen, shift + xp.log(safe_total), xp.full_like(total, -xp.inf))
-    return xp.astype(out, outputs[0].dtype), lse
+    return narrow(out, outputs[0].dtype, xp=xp), lse

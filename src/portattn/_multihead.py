@@ -18,8 +18,7 @@ from ._attention import solve, solve_weights
 from ._head import from_numpy_float64, standard_normal
 from ._kvcache import KVCache
 from ._lib._checks import check_floating, check_same_device, dtype_name
-from ._lib._compat import array_namespace, resolve_namespace
-from ._lib._compat import device as device_of
+from ._lib._compat import array_namespace, device_of, resolve_namespace
 from ._lib._typing import Array, Device, DType, Namespace
 from ._masks import Causal
 from ._positions import RopeLayout, rope_impl

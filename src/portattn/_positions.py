@@ -18,9 +18,8 @@ from typing import Literal
 import numpy as np
 
 from ._lib._checks import broadcast_shapes, check_floating, dtype_name
-from ._lib._compat import array_namespace, resolve_namespace
-from ._lib._compat import device as device_of
-from ._lib._precision import compute_dtype
+from ._lib._compat import array_namespace, device_of, resolve_namespace
+from ._lib._precision import compute_dtype, narrow
 from ._lib._typing import Array, Device, DType, Namespace
 
 __all__ = ["RopeLayout", "apply_rope", "rope_positions", "sinusoidal_encoding"]
@@ -149,7 +148,7 @@ def sinusoidal_encoding(
     ang = _angles(pos, d, b, xp=ns, work=work)  # (..., L, d/2)
     pe = ns.stack((ns.sin(ang), ns.cos(ang)), axis=-1)  # (..., L, d/2, 2)
     pe = ns.reshape(pe, (*pe.shape[:-2], d))  # (..., L, d): sin, cos, sin, cos, ...
-    return ns.astype(pe, target, copy=False)
+    return narrow(pe, target, xp=ns)
 
 
 def rope_positions(
@@ -281,4 +280,4 @@ def rope_impl(
     else:
         out = xp.stack((out_re, out_im), axis=-1)
         out = xp.reshape(out, (*out.shape[:-2], d))
-    return xp.astype(out, x.dtype, copy=False)
+    return narrow(out, x.dtype, xp=xp)

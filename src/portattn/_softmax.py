@@ -107,7 +107,7 @@ def softmax(x: Array, /, *, axis: int = -1) -> Array:
     dtype = x.dtype
     work = xp.astype(x, compute_dtype(dtype, xp=xp), copy=False)
     if x.shape[axis] == 0:
-        return xp.astype(work, dtype, copy=True)
+        return narrow(xp.asarray(work, copy=True), dtype, xp=xp)
     moved = axis not in (-1, x.ndim - 1)
     if moved:
         work = xp.moveaxis(work, axis, -1)

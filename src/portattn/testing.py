@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._lib._checks import dtype_name
-from ._lib._compat import array_namespace, resolve_namespace
-from ._lib._compat import device as device_of
+from ._lib._compat import array_namespace, device_of, resolve_namespace
 from ._lib._convert import to_numpy
 from ._lib._typing import Array, Device, DType, Namespace
 
