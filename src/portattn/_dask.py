@@ -1,0 +1,375 @@
+"""Attention on Dask arrays: a task per chunk, and sequence parallelism by exact merges.
+
+:func:`~portattn.attention` sends dask arrays here once :func:`prepare` has
+validated them (lazily: nothing is computed). The schedule is a graph of
+three kinds of task, built with dask's public ``HighLevelGraph`` and
+``dask.array.Array``:
+
+- **pair** ``(attention-pair-<token>, *batch_block, i, j)``: query chunk ``i``
+  against key chunk ``j`` of one batch block, run by portattn's own kernel on
+  the chunks' arrays (NumPy, CuPy, ...) and returning a partial output and its
+  log-sum-exp. Pairs that ``causal``/``window`` hide entirely get no task:
+  :meth:`Structure.key_range` says which key chunks a query chunk may see.
+- **merge** ``(attention-merge-<token>, *batch_block, i, level, g)``: a tree
+  reduction of those partials with :func:`~portattn.merge_attention`, at most
+  :data:`FAN_IN_CONFIG` of them per task. The merge is exact:
+  ``o = sum_c exp(l_c - l) o_c`` with ``l = log sum_c exp(l_c)``.
+- the output chunks, which follow the query's chunks (batch axes and ``Lq``);
+  with one key chunk the pair task writes the output chunk itself, so batch
+  and head parallelism costs one task per chunk.
+
+The reduction's fan-in is the only knob, and it lives in dask's own
+configuration, ``dask.config.set({"portattn.merge-fan-in": 8})``.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import product
+from typing import Any
+
+import dask
+import dask.array
+import dask.array.utils
+import dask.base
+import dask.highlevelgraph
+
+from ._lib._compat import array_namespace, device
+from ._lib._typing import Array, Namespace
+from ._masks import Structure
+from ._merge import merge_attention
+from ._problem import Problem
+
+# dask's own annotations are partial; its objects are used as Any here.
+da: Any = dask.array
+meta_from_array: Any = dask.array.utils.meta_from_array
+tokenize: Any = dask.base.tokenize
+HighLevelGraph: Any = dask.highlevelgraph.HighLevelGraph
+
+__all__ = [
+    "DEFAULT_FAN_IN",
+    "FAN_IN_CONFIG",
+    "MERGE_PREFIX",
+    "PAIR_PREFIX",
+    "check_known_chunks",
+    "dask_attention",
+    "visible_pairs",
+]
+
+#: ``dask.config`` key for how many partial results one merge task combines.
+FAN_IN_CONFIG = "portattn.merge-fan-in"
+#: Used when the key is not set: a depth of log4(key chunks) merges, each cheap.
+DEFAULT_FAN_IN = 4
+#: Key names of the tasks, so tests and the docs can find them in the graph.
+PAIR_PREFIX = "attention-pair-"
+MERGE_PREFIX = "attention-merge-"
+
+# Below this many (query, key) pairs per batch entry, a pair task
+# materialises its scores rather than streaming them (as impl="auto" does).
+_AUTO_MATERIALIZE_MAX_PAIRS = 256 * 256
+
+
+def check_known_chunks(named: Sequence[tuple[str, Any]]) -> None:
+    """Raise ValueError naming ``compute_chunk_sizes()`` if a dask array has unknown chunks."""
+    for name, x in named:
+        chunks = getattr(x, "chunks", None)
+        if chunks is None:
+            continue
+        if any(math.isnan(c) for axis in chunks for c in axis):
+            msg = (
+                f"expected {name} to have known chunk sizes, got chunks {chunks} with unknown "
+                f"(nan) sizes (from boolean indexing or similar); call "
+                f"{name}.compute_chunk_sizes() first, or rechunk to known sizes"
+            )
+            raise ValueError(msg)
+
+
+def _fan_in() -> int:
+    value = dask.config.get(FAN_IN_CONFIG, DEFAULT_FAN_IN)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        msg = f"expected dask config {FAN_IN_CONFIG!r} to be an int >= 2, got {value!r}"
+        raise ValueError(msg)
+    return value
+
+
+def _starts(chunks: tuple[int, ...]) -> list[int]:
+    out, pos = [], 0
+    for c in chunks:
+        out.append(pos)
+        pos += c
+    return out
+
+
+def visible_pairs(
+    structure: Structure, q_chunks: tuple[int, ...], k_chunks: tuple[int, ...]
+) -> Iterator[tuple[int, int]]:
+    """The (query chunk, key chunk) pairs in which positions allow at least one pair.
+
+    ``key_range`` of a query chunk is the union of its rows' ranges, which is
+    one interval, so every chunk it meets holds a visible pair: the pairs
+    skipped are exactly those ``causal``/``window`` hide entirely.
+    """
+    k_starts = _starts(k_chunks)
+    for i, q0 in enumerate(_starts(q_chunks)):
+        lo, hi = structure.key_range(q0, q0 + q_chunks[i])
+        for j, k0 in enumerate(k_starts):
+            k1 = k0 + k_chunks[j]
+            if k0 < hi and k1 > lo and k1 > k0:
+                yield i, j
+
+
+@dataclass(frozen=True)
+class _Tile:
+    """What a pair task needs besides its chunks (small and picklable)."""
+
+    index: tuple[int, int]  # (query chunk, key chunk): how tests and the docs read the grid
+    structure: Structure  # positions of the tile, in its own coordinates
+    q0: int  # where the chunks start in the whole sequences
+    k0: int
+    batch: tuple[int, ...]  # the output chunk's batch shape
+    impl: str
+    block_size: int | tuple[int, int] | None
+
+
+def _pair(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array | None,
+    bias: Array | None,
+    key_lengths: Array | None,
+    query_lengths: Array | None,
+    tile: _Tile,
+    final: bool,
+) -> Any:
+    """Attention of one query chunk over one key chunk: ``(out, lse)``, or ``out`` if final."""
+    xp = array_namespace(q, k, v, mask, bias, key_lengths, query_lengths)
+    p = Problem(
+        q=q,
+        k=k,
+        v=v,
+        mask=mask,
+        bias=bias,
+        # Lengths count from the start of the whole sequence; the tile's
+        # positions count from its own start.
+        key_lengths=None if key_lengths is None else key_lengths - tile.k0,
+        query_lengths=None if query_lengths is None else query_lengths - tile.q0,
+        structure=tile.structure,
+        batch=tile.batch,
+        out_dtype=q.dtype,
+        device=device(q),
+        scale=1.0,  # prepare already scaled q
+    )
+    out, lse = _kernel(p, impl=tile.impl, block_size=tile.block_size, xp=xp)
+    return out if final else (out, lse)
+
+
+def _kernel(
+    p: Problem, *, impl: str, block_size: int | tuple[int, int] | None, xp: Namespace
+) -> tuple[Array, Array]:
+    from ._attention import expand
+
+    if impl == "materialize" or (
+        impl == "auto" and p.lq * p.lk <= _AUTO_MATERIALIZE_MAX_PAIRS and block_size is None
+    ):
+        from ._attention import _materialized
+
+        out, lse = _materialized(p, want_lse=True, xp=xp)
+        assert lse is not None
+    else:
+        from ._blockwise import blockwise_attention
+
+        out, lse = blockwise_attention(p, block_size=block_size, xp=xp)
+    return expand(out, (*p.batch, p.lq, p.dv), xp=xp), expand(lse, (*p.batch, p.lq), xp=xp)
+
+
+def _merge(parts: list[tuple[Array, Array]], final: bool) -> Any:
+    out, lse = merge_attention([o for o, _ in parts], [x for _, x in parts])
+    return out if final else (out, lse)
+
+
+def _hidden(q: Array, batch: tuple[int, ...], dv: int, final: bool) -> Any:
+    """A query chunk that sees no key at all: output 0, lse -inf."""
+    xp = array_namespace(q)
+    rows = int(q.shape[-2])
+    out = xp.zeros((*batch, rows, dv), dtype=q.dtype, device=device(q))
+    lse = xp.full((*batch, rows), -xp.inf, dtype=q.dtype, device=device(q))
+    return out if final else (out, lse)
+
+
+def _lift(x: Any, ndim: int) -> Any:
+    """Prepend unit axes so that ``x`` has ``ndim`` dimensions."""
+    return x if x.ndim == ndim else x[(None,) * (ndim - x.ndim)]
+
+
+def dask_attention(
+    p: Problem,
+    *,
+    impl: str,
+    block_size: int | tuple[int, int] | None,
+    return_lse: bool,
+) -> tuple[Array, Array | None]:
+    """Output (..., Lq, dv) and, if asked, lse (..., Lq) of ``p`` as lazy dask arrays.
+
+    ``p`` holds dask arrays; nothing is computed here. Output chunks follow
+    the query's chunks along the batch axes and ``Lq``.
+    """
+    if impl == "native":
+        msg = (
+            "impl='native' has no fused kernel for the chunks of dask arrays; "
+            "use impl='auto', 'blockwise' or 'materialize'"
+        )
+        raise NotImplementedError(msg)
+    nb = len(p.batch)
+    ndim = nb + 2
+    named = [
+        ("query", p.q),
+        ("key", p.k),
+        ("value", p.v),
+        ("mask", p.mask),
+        ("bias", p.bias),
+        ("key_lengths", p.key_lengths),
+        ("query_lengths", p.query_lengths),
+    ]
+    check_known_chunks(named)
+    fan_in = _fan_in()
+    q, k, v = (_lift(da.asarray(x), ndim) for x in (p.q, p.k, p.v))
+    extras = [None if x is None else da.asarray(x) for x in (p.mask, p.bias)]
+    lengths = [None if x is None else da.asarray(x) for x in (p.key_lengths, p.query_lengths)]
+
+    # Output chunks: each batch axis is chunked as the first operand that
+    # has its full size there (the query, unless it broadcasts); Lq as q.
+    everyone = [x for x in (q, k, v, *extras, *lengths) if x is not None]
+    batch_chunks: list[tuple[int, ...]] = []
+    for a, size in enumerate(p.batch):
+        src = next((x for x in everyone if x.shape[a] == size and size != 1), None)
+        batch_chunks.append((size,) if src is None else tuple(src.chunks[a]))
+    q_chunks, k_chunks = tuple(q.chunks[-2]), tuple(k.chunks[-2])
+
+    def fit(x: Any, tail: tuple[tuple[int, ...], ...]) -> Any:
+        """Rechunk ``x`` to the output's batch chunks (1 where it broadcasts) and ``tail``."""
+        head = tuple(batch_chunks[a] if x.shape[a] != 1 else (1,) for a in range(nb))
+        return x.rechunk(head + tail)
+
+    def seq_axis(x: Any, axis: int, chunks: tuple[int, ...]) -> tuple[int, ...]:
+        return (1,) if x.shape[axis] == 1 and sum(chunks) != 1 else chunks
+
+    q = fit(q, (q_chunks, (q.shape[-1],)))
+    k = fit(k, (k_chunks, (k.shape[-1],)))
+    v = fit(v, (k_chunks, (v.shape[-1],)))
+    mask, bias = (
+        None if x is None else fit(x, (seq_axis(x, -2, q_chunks), seq_axis(x, -1, k_chunks)))
+        for x in extras
+    )
+    key_lengths, query_lengths = (None if x is None else fit(x, ()) for x in lengths)
+
+    fan = (
+        "portattn",
+        tokenize(q, k, v, mask, bias, key_lengths, query_lengths),
+        p.structure,
+        impl,
+        block_size,
+        return_lse,
+        fan_in,
+    )
+    token = tokenize(*fan)
+    pair_name, merge_name = PAIR_PREFIX + token, MERGE_PREFIX + token
+    out_name, lse_name = "attention-out-" + token, "attention-lse-" + token
+    final_name = "attention-final-" + token
+    s = p.structure
+    q_starts, k_starts = _starts(q_chunks), _starts(k_chunks)
+    by_query: dict[int, list[int]] = {i: [] for i in range(len(q_chunks))}
+    for i, j in visible_pairs(s, q_chunks, k_chunks):
+        by_query[i].append(j)
+
+    def key(x: Any, bb: tuple[int, ...], *tail: int) -> Any:
+        """The key of ``x``'s block for batch block ``bb`` (block 0 where it broadcasts)."""
+        if x is None:
+            return None
+        head = tuple(b if x.numblocks[a] > 1 else 0 for a, b in enumerate(bb))
+        seq = tuple(t if x.numblocks[nb + n] > 1 else 0 for n, t in enumerate(tail))
+        return (x.name, *head, *seq)
+
+    dsk: dict[Any, Any] = {}
+    for bb in product(*(range(len(c)) for c in batch_chunks)):
+        batch = tuple(batch_chunks[a][b] for a, b in enumerate(bb))
+        for i, q0 in enumerate(q_starts):
+            q1 = q0 + q_chunks[i]
+            final_key = (out_name, *bb, i, 0) if not return_lse else (final_name, *bb, i)
+            partials = []
+            for j in by_query[i]:
+                k0 = k_starts[j]
+                k1 = k0 + k_chunks[j]
+                tile = _Tile(
+                    (i, j),
+                    Structure(q1 - q0, k1 - k0, s.offset + q0 - k0, s.causal, s.window),
+                    q0,
+                    k0,
+                    batch,
+                    impl,
+                    block_size,
+                )
+                # A query chunk that sees one key chunk needs no merge: its
+                # pair task is the output chunk (one task per chunk).
+                alone = len(by_query[i]) == 1
+                pkey = final_key if alone else (pair_name, *bb, i, j)
+                dsk[pkey] = (
+                    _pair,
+                    key(q, bb, i, 0),
+                    key(k, bb, j, 0),
+                    key(v, bb, j, 0),
+                    key(mask, bb, i, j),
+                    key(bias, bb, i, j),
+                    key(key_lengths, bb),
+                    key(query_lengths, bb),
+                    tile,
+                    alone and not return_lse,
+                )
+                partials.append(pkey)
+            if not partials:
+                dsk[final_key] = (_hidden, key(q, bb, i, 0), batch, p.dv, not return_lse)
+            elif len(partials) > 1:
+                level = 0
+                while len(partials) > fan_in:
+                    groups = [partials[g : g + fan_in] for g in range(0, len(partials), fan_in)]
+                    partials = []
+                    for g, group in enumerate(groups):
+                        if len(group) == 1:
+                            partials.append(group[0])
+                            continue
+                        mkey = (merge_name, *bb, i, level, g)
+                        dsk[mkey] = (_merge, list(group), False)
+                        partials.append(mkey)
+                    level += 1
+                dsk[final_key] = (_merge, list(partials), not return_lse)
+            if return_lse:
+                out_key = (out_name, *bb, i, 0)
+                dsk[out_key] = (operator.getitem, final_key, 0)
+
+    deps = [x for x in (q, k, v, mask, bias, key_lengths, query_lengths) if x is not None]
+    graph = HighLevelGraph.from_collections(out_name, dsk, dependencies=deps)
+    dtype = q.dtype
+    out = da.Array(
+        graph,
+        out_name,
+        (*batch_chunks, q_chunks, (p.dv,)),
+        meta=meta_from_array(q._meta, ndim=ndim, dtype=dtype),
+    )
+    if not return_lse:
+        return out, None
+    lse_dsk = {
+        (lse_name, *bb, i): (operator.getitem, (final_name, *bb, i), 1)
+        for bb in product(*(range(len(c)) for c in batch_chunks))
+        for i in range(len(q_chunks))
+    }
+    lse_graph = HighLevelGraph.from_collections(lse_name, lse_dsk, dependencies=[out])
+    lse = da.Array(
+        lse_graph,
+        lse_name,
+        (*batch_chunks, q_chunks),
+        meta=meta_from_array(q._meta, ndim=ndim - 1, dtype=dtype),
+    )
+    return out, lse
