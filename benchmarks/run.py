@@ -198,6 +198,106 @@ def memory(sizes: tuple[int, ...]) -> list[dict[str, Any]]:
     return rows
 
 
+DASK_SIZES = (2048, 8192)
+
+
+def _dask_subjects(n: int, causal: bool, workers: int) -> dict[str, Callable[[], Any]]:
+    import dask.array as da
+    from threadpoolctl import threadpool_limits
+
+    import portattn as pa
+
+    rng = np.random.default_rng(n)
+    q, k, v = (rng.standard_normal((B, H, n, D), dtype=np.float32) for _ in range(3))
+    dq, dk, dv = (da.from_array(x, chunks=(B, 1, n, D)) for x in (q, k, v))
+
+    def lazy() -> Any:
+        out = pa.attention(dq, dk, dv, causal=causal)  # the graph is built inside the timing
+        return out.compute(scheduler="threads", num_workers=workers)
+
+    def lazy_one_blas() -> Any:
+        # each task's matmuls on one BLAS thread: no oversubscription of the cores
+        with threadpool_limits(limits=1, user_api="blas"):
+            return lazy()
+
+    return {
+        "portattn numpy": lambda: pa.attention(q, k, v, causal=causal),
+        f"dask threads x{workers}, {H} head chunks": lazy,
+        f"dask threads x{workers}, {H} head chunks, BLAS 1 thread": lazy_one_blas,
+    }
+
+
+def dask_rows(sizes: tuple[int, ...] = DASK_SIZES, rounds: int = 3) -> dict[str, Any]:
+    """NumPy arrays wrapped in dask (threads scheduler, one chunk per head) vs plain portattn.
+
+    Also the scheduling overhead per task: a graph of many tiny chunks,
+    timed against the same kernel calls made in a plain loop.
+    """
+    workers = os.cpu_count() or 1
+    rows = []
+    for n in sizes:
+        for causal in (False, True):
+            times = time_interleaved(_dask_subjects(n, causal, workers), rounds)
+            base = statistics.median(times["portattn numpy"])
+            for name, ts in times.items():
+                med = statistics.median(ts)
+                rows.append(
+                    {
+                        "subject": name,
+                        "n": n,
+                        "causal": causal,
+                        "runs": len(ts),
+                        "median_s": med,
+                        "gflops": gflop(n, causal) / med,
+                        "speedup": base / med,
+                    }
+                )
+                print(
+                    f"dask N={n:5d} causal={causal!s:5} {name:40s} {med * 1e3:9.1f} ms "
+                    f"x{base / med:.2f}"
+                )
+    return {"workers": workers, "throughput": rows, "overhead": _dask_overhead(rounds)}
+
+
+def _dask_overhead(rounds: int, tasks: int = 512) -> dict[str, Any]:
+    """Per-task cost of the dask path: graph building and scheduling, not arithmetic."""
+    import dask.array as da
+    from threadpoolctl import threadpool_limits
+
+    import portattn as pa
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((tasks, 16, 16), dtype=np.float32) for _ in range(3))
+    dq, dk, dv = (da.from_array(x, chunks=(1, 16, 16)) for x in (q, k, v))
+    build, run, loop = [], [], []
+    # One BLAS thread: idle BLAS threads spinning between tiny calls would be
+    # counted as scheduling.
+    with threadpool_limits(limits=1, user_api="blas"):
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            out = pa.attention(dq, dk, dv)
+            t1 = time.perf_counter()
+            out.compute(scheduler="threads")
+            t2 = time.perf_counter()
+            for i in range(tasks):
+                pa.attention(q[i : i + 1], k[i : i + 1], v[i : i + 1])
+            t3 = time.perf_counter()
+            build.append(t1 - t0)
+            run.append(t2 - t1)
+            loop.append(t3 - t2)
+    b, r, lp = (statistics.median(x) for x in (build, run, loop))
+    result = {
+        "tasks": tasks,
+        "chunk_shape": [1, 16, 16],
+        "graph_build_us_per_task": b / tasks * 1e6,
+        "compute_us_per_task": r / tasks * 1e6,
+        "kernel_us_per_call": lp / tasks * 1e6,
+        "scheduling_us_per_task": (r - lp) / tasks * 1e6,
+    }
+    print("dask per-task overhead (us):", {k: round(x, 1) for k, x in result.items() if "us" in k})
+    return result
+
+
 def machine() -> dict[str, Any]:
     import torch
     from threadpoolctl import threadpool_info
@@ -317,7 +417,22 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="N <= 2048, 3 rounds (smoke test)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--max-n", type=int, default=max(SIZES), help="largest N for throughput")
+    parser.add_argument("--dask-only", action="store_true", help="only the dask rows (dask.json)")
     args = parser.parse_args()
+    if args.dask_only or not args.quick:
+        args.out.mkdir(parents=True, exist_ok=True)
+        dask_record = {
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine(),
+            "load_before": [round(x, 2) for x in os.getloadavg()],
+            "config": {"B": B, "H": H, "d": D, "dtype": "float32", "sizes": list(DASK_SIZES)},
+            **dask_rows(),
+            "load_after": [round(x, 2) for x in os.getloadavg()],
+        }
+        (args.out / "dask.json").write_text(json.dumps(dask_record, indent=1) + "\n")
+        print(f"wrote {args.out / 'dask.json'}")
+        if args.dask_only:
+            return
     sizes = tuple(n for n in SIZES if n <= (2048 if args.quick else args.max_n))
     mem_sizes = tuple(n for n in MEMORY_SIZES if n <= 2048) if args.quick else MEMORY_SIZES
     args.out.mkdir(parents=True, exist_ok=True)

@@ -60,9 +60,7 @@ def client() -> Iterator[Any]:
     # Nothing the cluster started may outlive it.
     deadline = time.monotonic() + 30
     while True:
-        left = [
-            p for p in me.children(recursive=True) if p.pid not in before and p.is_running()
-        ]
+        left = [p for p in me.children(recursive=True) if p.pid not in before and p.is_running()]
         left = [p for p in left if p.status() != psutil.STATUS_ZOMBIE]
         if not left or time.monotonic() > deadline:
             break
@@ -99,6 +97,7 @@ def _rows_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, rows: list[int]
     return np.stack(out)
 
 
+@pytest.mark.slow
 def test_n65536_causal_fits_the_workers_and_survives_a_killed_worker(client: Any) -> None:
     # Inputs are generated on the workers (seeded, so a recomputed block is
     # the same block); materialising the scores would take N*N*4 = 16 GiB.

@@ -1,0 +1,208 @@
+"""The "Beyond one machine" page: the task grid read from a real dask graph, and the bench record.
+
+Nothing here types a number: the grid comes from the graph that
+``pa.attention`` builds on dask arrays (read, never computed), and the
+timings from ``benchmarks/results/dask.json`` written by ``benchmarks/run.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import portattn as pa
+
+RECORD = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "dask.json"
+
+# The page's example: a sequence of N tokens cut into CHUNKS query chunks and
+# as many key chunks (small, so the figure stays legible).
+N, CHUNKS, D = 4096, 8, 64
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Which (query chunk, key chunk) pairs got a task, and the graph's task counts."""
+
+    title: str
+    chunks: int
+    pairs: frozenset[tuple[int, int]]
+    merges: int
+    tasks: int  # the schedule's tasks: pairs, merges and output chunks (not the inputs')
+
+
+def _graph_tasks(x: Any) -> list[tuple[Any, ...]]:
+    return [t for t in dict(x.__dask_graph__()).values() if isinstance(t, tuple) and t]
+
+
+@cache
+def grid(options: tuple[tuple[str, Any], ...] = (("causal", True),), title: str = "") -> Grid:
+    """Build (not compute) attention on dask arrays and read its pair and merge tasks."""
+    import dask.array as da
+
+    from portattn._dask import _merge, _pair
+
+    rng = np.random.default_rng(0)
+    q, k, v = (
+        da.from_array(rng.standard_normal((1, N, D), dtype=np.float32), chunks=(1, N // CHUNKS, D))
+        for _ in range(3)
+    )
+    out = pa.attention(q, k, v, **dict(options))
+    graph = dict(out.__dask_graph__())
+    found = _graph_tasks(out)
+    pairs = frozenset(t[8].index for t in found if t[0] is _pair)
+    merges = sum(1 for t in found if t[0] is _merge)
+    total = sum(1 for key in graph if str(key[0]).startswith("attention-"))
+    return Grid(title, CHUNKS, pairs, merges, total)
+
+
+def grids() -> tuple[Grid, ...]:
+    """The three schedules the figure shows: full, causal, and a causal sliding window."""
+    window = N // CHUNKS * 2
+    return (
+        grid((), "no mask"),
+        grid((("causal", True),), "causal"),
+        grid((("causal", True), ("window", (window, 0))), f"causal, window {window}"),
+    )
+
+
+def grid_svg() -> str:
+    """The (query chunk x key chunk) grid of each schedule; hidden pairs are drawn as skipped."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    from sitegen.figures import _svg
+
+    gs = grids()
+    fig, axes = plt.subplots(1, len(gs), figsize=(3.3 * len(gs), 3.6))
+    for ax, g in zip(axes, gs, strict=True):
+        for i in range(g.chunks):
+            for j in range(g.chunks):
+                task = (i, j) in g.pairs
+                ax.add_patch(
+                    Rectangle(
+                        (j, i),
+                        0.92,
+                        0.92,
+                        facecolor="#3f51b5" if task else "white",
+                        edgecolor="#3f51b5" if task else "#bbbbbb",
+                        hatch=None if task else "////",
+                        linewidth=0.8,
+                    )
+                )
+        ax.set_xlim(-0.1, g.chunks)
+        ax.set_ylim(g.chunks, -0.1)
+        ax.set_aspect("equal")
+        ax.set_xticks([c + 0.46 for c in range(g.chunks)], range(g.chunks), fontsize=7)
+        ax.set_yticks([c + 0.46 for c in range(g.chunks)], range(g.chunks), fontsize=7)
+        ax.tick_params(length=0)
+        for side in ax.spines.values():
+            side.set_visible(False)
+        ax.set_xlabel("key chunk j", fontsize=8)
+        ax.set_title(
+            f"{g.title}: {len(g.pairs)} of {g.chunks**2} pairs\n"
+            f"{g.merges} merge tasks, {g.tasks} tasks in all",
+            fontsize=8,
+        )
+    axes[0].set_ylabel("query chunk i", fontsize=8)
+    fig.tight_layout()
+    return _svg(
+        fig,
+        label="Task grids read from the dask graph: filled squares are pair tasks, "
+        "hatched squares are pairs that the mask hides and that get no task",
+    )
+
+
+def grid_numbers() -> dict[str, str]:
+    """Values the prose quotes."""
+    full, causal, window = grids()
+    return {
+        "n": str(N),
+        "chunks": str(CHUNKS),
+        "chunk": str(N // CHUNKS),
+        "full": str(len(full.pairs)),
+        "causal": str(len(causal.pairs)),
+        "window": str(len(window.pairs)),
+        "saved": f"{1 - len(causal.pairs) / len(full.pairs):.0%}",
+    }
+
+
+def cluster_grid(n: int = 65536, chunk: int = 4096) -> dict[str, str]:
+    """The cluster test's schedule, read from its graph (lazy zeros: nothing is allocated)."""
+    import dask.array as da
+
+    from portattn._dask import _pair
+
+    q = da.zeros((1, n, D), dtype=np.float32, chunks=(1, chunk, D))
+    counts = {}
+    for name, causal in (("full", False), ("causal", True)):
+        found = _graph_tasks(pa.attention(q, q, q, causal=causal))
+        counts[name] = sum(1 for t in found if t[0] is _pair)
+    return {
+        "n": str(n),
+        "chunk": str(chunk),
+        "chunks": str(n // chunk),
+        "full": str(counts["full"]),
+        "causal": str(counts["causal"]),
+        "scores_gib": f"{n * n * 4 / 2**30:.0f}",
+    }
+
+
+def record() -> dict[str, Any] | None:
+    """The dask rows of the benchmark record, or ``None`` before the first run."""
+    if not RECORD.exists():
+        return None
+    data: dict[str, Any] = json.loads(RECORD.read_text())
+    return data
+
+
+def scaling_markdown() -> str:
+    """The benchmark's dask rows as a table, with the machine and the per-task overhead."""
+    rec = record()
+    if rec is None:
+        return (
+            "*No benchmark record yet: run `python benchmarks/run.py --dask-only` "
+            "to write `benchmarks/results/dask.json`.*\n"
+        )
+    m, c = rec["machine"], rec["config"]
+    lines = [
+        f"Measured {rec['date'][:10]} on {m['cpu']}, {m['cores']} cores, NumPy {m['numpy']}; "
+        f"load average {rec['load_before']} before and {rec['load_after']} after the run. "
+        f"B={c['B']}, H={c['H']}, d={c['d']}, {c['dtype']}; median of "
+        f"{min(r['runs'] for r in rec['throughput'])} or more interleaved runs.",
+        "",
+        "| N | causal | subject | median ms | GFLOP/s | speed-up |",
+        "| ---: | :---: | --- | ---: | ---: | ---: |",
+    ]
+    for r in rec["throughput"]:
+        lines.append(
+            f"| {r['n']} | {'yes' if r['causal'] else 'no'} | {r['subject']} | "
+            f"{r['median_s'] * 1e3:.0f} | {r['gflops']:.1f} | {r['speedup']:.2f}x |"
+        )
+    o = rec["overhead"]
+    shape = "x".join(map(str, o["chunk_shape"]))
+    lines += [
+        "",
+        f"Overhead per task, from a graph of {o['tasks']} chunks of shape {shape} run by the "
+        f"threads scheduler: {o['graph_build_us_per_task']:.0f} µs to build the graph, "
+        f"{o['scheduling_us_per_task']:.0f} µs to schedule and run it beyond the "
+        f"{o['kernel_us_per_call']:.0f} µs the kernel itself takes on such a chunk.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def best_speedup() -> str:
+    """The largest speed-up over plain portattn in the record, for the prose."""
+    rec = record()
+    if rec is None:
+        return "n/a"
+    best = max(
+        (r for r in rec["throughput"] if r["subject"] != "portattn numpy"),
+        key=lambda r: r["speedup"],
+    )
+    causal = ", causal" if best["causal"] else ""
+    return f"{best['speedup']:.2f}x ({best['subject']}, N={best['n']}{causal})"
