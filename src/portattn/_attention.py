@@ -13,7 +13,7 @@ from typing import Literal
 
 from ._blockwise import blockwise_attention
 from ._lib._checks import check_flag, int_pair
-from ._lib._compat import array_namespace
+from ._lib._compat import array_namespace, is_dask_namespace
 from ._lib._precision import narrow
 from ._lib._typing import Array, Namespace
 from ._masks import Causal
@@ -172,7 +172,11 @@ def solve(
     sizes = None if block_size is None else int_pair("block_size", block_size, minimum=1)
     want_lse = check_flag("return_lse", return_lse)
     lse: Array | None
-    if impl == "native":
+    if is_dask_namespace(xp):
+        from ._dask import dask_attention  # dask is optional: imported for dask arrays only
+
+        out, lse = dask_attention(p, impl=impl, block_size=sizes, return_lse=want_lse)
+    elif impl == "native":
         out, lse = native_attention(p, return_lse=want_lse, xp=xp)
     elif impl == "blockwise" or (impl == "auto" and p.lq * p.lk > _AUTO_MATERIALIZE_MAX_PAIRS):
         out, lse = blockwise_attention(p, block_size=sizes, xp=xp)

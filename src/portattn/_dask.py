@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import product
 from typing import Any
@@ -37,11 +37,13 @@ import dask.array.utils
 import dask.base
 import dask.highlevelgraph
 
-from ._lib._compat import array_namespace, device
+from ._blockwise import blockwise_attention
+from ._lib._compat import array_namespace, device_of
 from ._lib._typing import Array, Namespace
 from ._masks import Structure
+from ._materialize import materialize_attention
 from ._merge import merge_attention
-from ._problem import Problem
+from ._problem import Problem, expand
 
 # dask's own annotations are partial; its objects are used as Any here.
 da: Any = dask.array
@@ -54,7 +56,6 @@ __all__ = [
     "FAN_IN_CONFIG",
     "MERGE_PREFIX",
     "PAIR_PREFIX",
-    "check_known_chunks",
     "dask_attention",
     "visible_pairs",
 ]
@@ -70,21 +71,6 @@ MERGE_PREFIX = "attention-merge-"
 # Below this many (query, key) pairs per batch entry, a pair task
 # materialises its scores rather than streaming them (as impl="auto" does).
 _AUTO_MATERIALIZE_MAX_PAIRS = 256 * 256
-
-
-def check_known_chunks(named: Sequence[tuple[str, Any]]) -> None:
-    """Raise ValueError naming ``compute_chunk_sizes()`` if a dask array has unknown chunks."""
-    for name, x in named:
-        chunks = getattr(x, "chunks", None)
-        if chunks is None:
-            continue
-        if any(math.isnan(c) for axis in chunks for c in axis):
-            msg = (
-                f"expected {name} to have known chunk sizes, got chunks {chunks} with unknown "
-                f"(nan) sizes (from boolean indexing or similar); call "
-                f"{name}.compute_chunk_sizes() first, or rechunk to known sizes"
-            )
-            raise ValueError(msg)
 
 
 def _fan_in() -> int:
@@ -131,7 +117,8 @@ class _Tile:
     k0: int
     batch: tuple[int, ...]  # the output chunk's batch shape
     impl: str
-    block_size: int | tuple[int, int] | None
+    block_size: tuple[int, int] | None
+    softcap: float | None
 
 
 def _pair(
@@ -160,28 +147,21 @@ def _pair(
         structure=tile.structure,
         batch=tile.batch,
         out_dtype=q.dtype,
-        device=device(q),
+        device=device_of(q),
         scale=1.0,  # prepare already scaled q
+        softcap=tile.softcap,
     )
     out, lse = _kernel(p, impl=tile.impl, block_size=tile.block_size, xp=xp)
     return out if final else (out, lse)
 
 
 def _kernel(
-    p: Problem, *, impl: str, block_size: int | tuple[int, int] | None, xp: Namespace
+    p: Problem, *, impl: str, block_size: tuple[int, int] | None, xp: Namespace
 ) -> tuple[Array, Array]:
-    from ._attention import expand
-
-    if impl == "materialize" or (
-        impl == "auto" and p.lq * p.lk <= _AUTO_MATERIALIZE_MAX_PAIRS and block_size is None
-    ):
-        from ._attention import _materialized
-
-        out, lse = _materialized(p, want_lse=True, xp=xp)
+    if impl == "materialize" or (impl == "auto" and p.lq * p.lk <= _AUTO_MATERIALIZE_MAX_PAIRS):
+        out, lse = materialize_attention(p, want_lse=True, xp=xp)
         assert lse is not None
     else:
-        from ._blockwise import blockwise_attention
-
         out, lse = blockwise_attention(p, block_size=block_size, xp=xp)
     return expand(out, (*p.batch, p.lq, p.dv), xp=xp), expand(lse, (*p.batch, p.lq), xp=xp)
 
@@ -195,8 +175,8 @@ def _hidden(q: Array, batch: tuple[int, ...], dv: int, final: bool) -> Any:
     """A query chunk that sees no key at all: output 0, lse -inf."""
     xp = array_namespace(q)
     rows = int(q.shape[-2])
-    out = xp.zeros((*batch, rows, dv), dtype=q.dtype, device=device(q))
-    lse = xp.full((*batch, rows), -xp.inf, dtype=q.dtype, device=device(q))
+    out = xp.zeros((*batch, rows, dv), dtype=q.dtype, device=device_of(q))
+    lse = xp.full((*batch, rows), -math.inf, dtype=q.dtype, device=device_of(q))
     return out if final else (out, lse)
 
 
@@ -209,7 +189,7 @@ def dask_attention(
     p: Problem,
     *,
     impl: str,
-    block_size: int | tuple[int, int] | None,
+    block_size: tuple[int, int] | None,
     return_lse: bool,
 ) -> tuple[Array, Array | None]:
     """Output (..., Lq, dv) and, if asked, lse (..., Lq) of ``p`` as lazy dask arrays.
@@ -225,16 +205,6 @@ def dask_attention(
         raise NotImplementedError(msg)
     nb = len(p.batch)
     ndim = nb + 2
-    named = [
-        ("query", p.q),
-        ("key", p.k),
-        ("value", p.v),
-        ("mask", p.mask),
-        ("bias", p.bias),
-        ("key_lengths", p.key_lengths),
-        ("query_lengths", p.query_lengths),
-    ]
-    check_known_chunks(named)
     fan_in = _fan_in()
     q, k, v = (_lift(da.asarray(x), ndim) for x in (p.q, p.k, p.v))
     extras = [None if x is None else da.asarray(x) for x in (p.mask, p.bias)]
@@ -266,16 +236,23 @@ def dask_attention(
     )
     key_lengths, query_lengths = (None if x is None else fit(x, ()) for x in lengths)
 
-    fan = (
+    # Everything the graph depends on goes into its name (dask's convention).
+    token = tokenize(
         "portattn",
-        tokenize(q, k, v, mask, bias, key_lengths, query_lengths),
+        q,
+        k,
+        v,
+        mask,
+        bias,
+        key_lengths,
+        query_lengths,
         p.structure,
+        p.softcap,
         impl,
         block_size,
         return_lse,
         fan_in,
     )
-    token = tokenize(*fan)
     pair_name, merge_name = PAIR_PREFIX + token, MERGE_PREFIX + token
     out_name, lse_name = "attention-out-" + token, "attention-lse-" + token
     final_name = "attention-final-" + token
@@ -311,6 +288,7 @@ def dask_attention(
                     batch,
                     impl,
                     block_size,
+                    p.softcap,
                 )
                 # A query chunk that sees one key chunk needs no merge: its
                 # pair task is the output chunk (one task per chunk).

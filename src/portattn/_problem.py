@@ -19,6 +19,7 @@ from ._lib._checks import (
     check_bool,
     check_finite_scale,
     check_floating,
+    check_known_shape,
     check_rank,
     check_same_device,
     dtype_name,
@@ -174,6 +175,10 @@ def prepare(
     for name, x in arrays:
         if x is not None:
             check_rank(name, x, 2, "(..., length, features)")
+    for name, x in (*arrays, ("mask", mask), ("bias", bias)):
+        check_known_shape(name, x)  # before any size is read
+    check_known_shape("key_lengths", key_lengths)
+    check_known_shape("query_lengths", query_lengths)
     if mask is not None:
         check_bool("mask", mask, xp=xp)
     if bias is not None:

@@ -16,6 +16,7 @@ __all__ = [
     "check_flag",
     "check_floating",
     "check_int",
+    "check_known_shape",
     "check_rank",
     "check_same_device",
     "dtype_name",
@@ -68,6 +69,17 @@ def check_bool(name: str, x: Array, *, xp: Namespace) -> None:
         if has_kind(x.dtype, "real floating", xp=xp):
             msg += "; pass additive float masks as bias="
         raise TypeError(msg)
+
+
+def check_known_shape(name: str, x: Array | None) -> None:
+    """Raise ValueError if ``x``'s shape has unknown (NaN) sizes: dask after boolean indexing."""
+    if x is None or not any(isinstance(n, float) and math.isnan(n) for n in x.shape):
+        return
+    msg = (
+        f"expected {name} to have known sizes, got shape {tuple(x.shape)} with unknown (nan) "
+        f"sizes; call {name}.compute_chunk_sizes() first"
+    )
+    raise ValueError(msg)
 
 
 def check_rank(name: str, x: Array, minimum: int, layout: str) -> None:
