@@ -83,6 +83,11 @@ def _report(name: str, xp: ModuleType, *, color: bool) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m portattn``."""
+    args_in = sys.argv[1:] if argv is None else list(argv)
+    if args_in[:1] == ["hf"]:  # a tiny Hugging Face model (needs portattn[transformers])
+        from .integrations.transformers import main as hf_main
+
+        return hf_main(args_in[1:])
     parser = argparse.ArgumentParser(prog="python -m portattn", description=__doc__)
     parser.add_argument(
         "--backend",
@@ -91,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run only on this backend (repeatable); default: every installed one",
     )
     parser.add_argument("--no-color", action="store_true", help="plain text heatmaps")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_in)
     found, missing = available_backends(args.backend or _CANDIDATES)
     if args.backend and missing:
         print(f"requested backend(s) not available: {', '.join(missing)}", file=sys.stderr)

@@ -1,0 +1,211 @@
+"""The Hugging Face page: each architecture run with portattn while the site builds.
+
+Every figure on the page comes from here: the support table measures what the
+model tests (tests/test_hf_models.py) assert, on the same tiny random models.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from portattn.integrations import transformers as hf
+
+LENGTHS = (12, 9, 5)  # three sequences, left-padded to 12: longer than the windows (4)
+NEW_TOKENS = 16
+NAMES = {
+    "llama": "Llama",
+    "mistral": "Mistral",
+    "qwen2": "Qwen2",
+    "gemma2": "Gemma 2",
+    "gpt2": "GPT-2",
+}
+
+
+@dataclass(frozen=True)
+class Support:
+    """What one architecture did with portattn as its attention."""
+
+    arch: str
+    model: str  # the transformers class
+    heads: str  # "4 on 2 KV heads"
+    features: str  # what of portattn the architecture exercises
+    logits: dict[str, float]  # max |portattn - reference| over real tokens, per reference
+    generate: tuple[str, bool]  # (reference, same 16 greedy tokens)
+    grads: float  # max |portattn - eager| over every parameter's gradient
+    refused: str | None = None  # the error portattn raised instead, if it did
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    width = max(LENGTHS)
+    ids = torch.zeros(len(LENGTHS), width, dtype=torch.long)
+    mask = torch.zeros(len(LENGTHS), width, dtype=torch.long)
+    for row, n in enumerate(LENGTHS):
+        ids[row, width - n :] = torch.randint(3, 128, (n,), generator=g)
+        mask[row, width - n :] = 1
+    return ids, mask
+
+
+def _references(arch: str) -> tuple[str, ...]:
+    return ("eager",) if arch == "gemma2" else ("eager", "sdpa")  # Gemma 2 refuses sdpa
+
+
+def _features(arch: str, config: object) -> str:
+    parts = ["left padding (boolean mask)", "KV cache"]
+    if getattr(config, "sliding_window", None) and arch in ("mistral", "gemma2"):
+        parts.append(f"sliding window {config.sliding_window}")  # type: ignore[attr-defined]
+    if getattr(config, "attn_logit_softcapping", None):
+        parts.append(f"soft cap {config.attn_logit_softcapping:g}")  # type: ignore[attr-defined]
+    if arch == "gpt2":
+        parts.append("no KV groups (grouping read from the shapes)")
+    return ", ".join(parts)
+
+
+@cache
+def support(arch: str) -> Support:
+    """Run ``arch`` with portattn and its references: logits, greedy generation, gradients."""
+    name = hf.register()
+    model = hf.tiny_model(arch, attn_implementation=name)
+    ids, mask = _batch()
+    real = mask.bool()
+
+    def logits(impl: str) -> torch.Tensor:
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=mask).logits[real]
+
+    def generate(impl: str) -> torch.Tensor:
+        model.set_attn_implementation(impl)
+        return model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
+
+    def grads(impl: str) -> dict[str, torch.Tensor]:
+        labels = ids.masked_fill(mask == 0, -100)
+        # the first real token is predicted from a padded position, which sees no key
+        labels[torch.arange(len(LENGTHS)), max(LENGTHS) - torch.tensor(LENGTHS)] = -100
+        model.set_attn_implementation(impl)
+        model.train()
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        model.eval()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    try:
+        ours = logits(name)
+    except (TypeError, ValueError) as exc:  # refused, never silently different
+        return Support(
+            arch,
+            type(model).__name__,
+            "",
+            _features(arch, model.config),
+            {},
+            ("", False),
+            0.0,
+            refused=f"{type(exc).__name__}: {exc}",
+        )
+    devs = {ref: float((ours - logits(ref)).abs().max()) for ref in _references(arch)}
+    ref = _references(arch)[-1]
+    same = bool(torch.equal(generate(name), generate(ref)))
+    g_ours, g_eager = grads(name), grads("eager")
+    worst = max(float((g_ours[n] - g_eager[n]).abs().max()) for n in g_eager)
+    cfg = model.config
+    hq = cfg.num_attention_heads
+    hkv = getattr(cfg, "num_key_value_heads", None) or hq
+    return Support(
+        arch=arch,
+        model=type(model).__name__,
+        heads=f"{hq} on {hkv} KV heads" if hkv != hq else f"{hq} heads",
+        features=_features(arch, cfg),
+        logits=devs,
+        generate=(ref, same),
+        grads=worst,
+    )
+
+
+def _e(x: float) -> str:
+    return "0" if x == 0 else f"{x:.1e}"
+
+
+def support_markdown() -> str:
+    """The per-architecture table, every number measured while the page builds."""
+    lines = [
+        "| architecture | heads | exercises | logits vs eager | logits vs sdpa "
+        "| 16 greedy tokens | gradients vs eager |",
+        "|---|---|---|---:|---:|---|---:|",
+    ]
+    for arch in hf.ARCHITECTURES:
+        s = support(arch)
+        if s.refused is not None:
+            lines.append(
+                f"| {NAMES[arch]} (`{s.model}`) | | {s.features} "
+                f"| refused: {html.escape(s.refused)} | | | |"
+            )
+            continue
+        sdpa = _e(s.logits["sdpa"]) if "sdpa" in s.logits else "n/a (sdpa refuses soft-capping)"
+        ref, same = s.generate
+        lines.append(
+            f"| {NAMES[arch]} (`{s.model}`) | {s.heads} | {s.features} "
+            f"| {_e(s.logits['eager'])} | {sdpa} "
+            f"| {'same as' if same else '**differ from**'} {ref} | {_e(s.grads)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def worst() -> dict[str, str]:
+    """The largest deviations over all architectures, for the prose."""
+    rows = [s for s in map(support, hf.ARCHITECTURES) if s.refused is None]
+    return {
+        "logits": _e(max(v for s in rows for v in s.logits.values())),
+        "grads": _e(max(s.grads for s in rows)),
+        "generate": str(sum(s.generate[1] for s in rows)),
+        "n": str(len(rows)),
+    }
+
+
+@cache
+def last_layer(arch: str, length: int = 10) -> tuple[tuple[str, ...], torch.Tensor, object]:
+    """Tokens, the last layer's weights (Hq, L, L) of a random prompt through portattn, config."""
+    model = hf.tiny_model(arch, attn_implementation=hf.register())
+    ids = torch.randint(3, 128, (1, length), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        weights = model(input_ids=ids, output_attentions=True).attentions[-1][0]
+    return tuple(f"t{int(i)}" for i in ids[0]), weights, model.config
+
+
+def heads_figure(arch: str = "mistral") -> str:
+    """The last layer's heads side by side, as inline SVG with a caption."""
+    import matplotlib.pyplot as plt
+
+    from sitegen.figures import _svg
+
+    tokens, weights, cfg = last_layer(arch)
+    n = weights.shape[0]
+    fig, axes = plt.subplots(1, n, figsize=(2.9 * n, 3.2))
+    for h, ax in enumerate(axes):
+        ax.imshow(weights[h].numpy(), cmap="viridis", vmin=0, vmax=1)
+        ax.set_title(f"head {h}", fontsize=9)
+        ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(tokens)), tokens, fontsize=7)
+    fig.suptitle(
+        f"{NAMES[arch]}, last layer: attention weights per head (rows: queries, columns: keys)",
+        fontsize=10,
+    )
+    svg = _svg(fig, label=f"{NAMES[arch]} attention weights per head")
+    window = getattr(cfg, "sliding_window", None)
+    caption = (
+        f"The {n} heads of the last layer of a random {NAMES[arch]} "
+        f"({cfg.num_hidden_layers} layers, {cfg.num_key_value_heads} KV heads"  # type: ignore[attr-defined]
+        + (f", sliding window {window}" if window else "")
+        + f"), computed by portattn while this page was built, on {len(tokens)} random tokens."
+    )
+    return f'<figure class="pa-plot">{svg}<figcaption>{html.escape(caption)}</figcaption></figure>'

@@ -1,0 +1,457 @@
+"""portattn as the attention of any Hugging Face ``transformers`` model.
+
+Two lines make a model compute its attention with :func:`portattn.attention`::
+
+    from portattn.integrations.transformers import register
+
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=register())
+
+:func:`register` adds :func:`attention_forward` to ``transformers``'
+``AttentionInterface`` and, under the same name, ``sdpa_mask`` to its
+``AttentionMaskInterface``: a name known only to the first gets
+``attention_mask=None`` from the models, and padding would be lost.
+
+The module needs ``transformers`` and ``torch`` (``pip install
+'portattn[transformers]'``); ``import portattn`` never imports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+try:
+    import torch
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
+    _msg = (
+        "portattn.integrations.transformers needs Hugging Face transformers and torch, "
+        f"which could not be imported ({exc}); install the extra: "
+        "pip install 'portattn[transformers]'"
+    )
+    raise ImportError(_msg, name=getattr(exc, "name", None)) from exc
+
+try:  # where transformers 5 records the outputs it was asked for; private, so optional
+    from transformers.utils.output_capturing import _active_collector as _COLLECTOR
+except ImportError:  # pragma: no cover - other transformers versions
+    _COLLECTOR = None
+
+from .._attention import Impl, attention, attention_weights
+
+__all__ = ["ARCHITECTURES", "attention_forward", "main", "register", "tiny_model"]
+
+_IMPLS = ("auto", "materialize", "blockwise", "native")
+
+# Keyword arguments the models pass that change nothing here: cache and output
+# bookkeeping, and the packed-sequence hints of the flash-attention kernels,
+# whose effect ``sdpa_mask`` already folds into the boolean mask.
+_NO_EFFECT = frozenset(
+    {
+        "position_ids",
+        "cache_position",
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "output_router_logits",
+        "return_dict",
+        "num_items_in_batch",
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+        "seq_idx",
+    }
+)
+# Keyword arguments with a meaning that attention_forward honours.
+_HONOURED = frozenset({"is_causal", "sliding_window"})
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    *,
+    impl: Impl = "auto",
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One attention call of a ``transformers`` model, computed by :func:`portattn.attention`.
+
+    Follows the contract of ``transformers.AttentionInterface``: the
+    projections come in head-major after the KV-cache update, the output goes
+    back token-major, with the weights when the model asked for them.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The model's attention layer. Read for ``is_causal`` (default True),
+        ``training`` and ``config.output_attentions``.
+    query : torch.Tensor, shape (B, Hq, Lq, d)
+    key : torch.Tensor, shape (B, Hkv, Lk, d)
+    value : torch.Tensor, shape (B, Hkv, Lk, dv)
+        ``Hq`` must be a multiple of ``Hkv``. The ``Hq // Hkv`` query heads
+        of a group share one key/value head through broadcasting: K and V
+        are never repeated.
+    attention_mask : torch.Tensor or None, shape (B, 1 or Hq, Lq, Lk)
+        Boolean (True = attend, as ``sdpa_mask`` builds it) or additive
+        float (0 or a large negative number, as ``eager_mask`` builds it).
+        ``None`` means causal when the layer is causal, aligned as
+        ``torch.nn.functional.scaled_dot_product_attention`` aligns it for
+        ``transformers``: top-left for a prefill (``Lq > 1``), every key for
+        one decoded token.
+    scaling : float, optional
+        Multiplies :math:`QK^\\top`; default ``1/sqrt(d)``.
+    dropout : float, optional
+        Must be 0 while ``module.training``: portattn has no random stream
+        that all array libraries share, so it refuses rather than skip it.
+    impl : {"auto", "materialize", "blockwise", "native"}, optional
+        Passed to :func:`portattn.attention`; :func:`register` binds it.
+    **kwargs
+        ``is_causal`` (overrides ``module.is_causal``), ``sliding_window``
+        (the mask already carries it; applied here only when the mask is
+        ``None``) and ``output_attentions``. Keyword
+        arguments that change nothing here (cache and output bookkeeping,
+        packed-sequence hints that the mask already carries) are accepted;
+        any other one that is not ``None`` is refused.
+
+    Returns
+    -------
+    output : torch.Tensor, shape (B, Lq, Hq, dv)
+    weights : torch.Tensor, shape (B, Hq, Lq, Lk), or None
+        The attention weights when ``output_attentions`` is set, in the call
+        or in ``module.config``; otherwise ``None``.
+
+    Raises
+    ------
+    TypeError
+        An unsupported keyword argument (``position_bias``, attention sinks,
+        a head mask, ...) or a mask that is neither boolean nor floating.
+    ValueError
+        Dropout while training; ranks or head counts that do not fit.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from portattn.integrations.transformers import attention_forward
+    >>> layer = torch.nn.Module()  # a stand-in for a model's attention layer
+    >>> q = torch.randn(2, 4, 5, 8)  # 4 query heads
+    >>> k = v = torch.randn(2, 2, 5, 8)  # share 2 key/value heads
+    >>> out, weights = attention_forward(layer, q, k, v, None)
+    >>> tuple(out.shape), weights
+    ((2, 5, 4, 8), None)
+    """
+    extra = sorted(
+        n for n, x in kwargs.items() if x is not None and n not in _NO_EFFECT | _HONOURED
+    )
+    if extra:
+        msg = (
+            f"portattn cannot honour the keyword argument(s) {', '.join(extra)} that the model "
+            f"passed to its attention (expected only {', '.join(sorted(_HONOURED))} and "
+            "bookkeeping ones); use another attn_implementation for this model"
+        )
+        raise TypeError(msg)
+    if dropout and module.training:
+        msg = (
+            f"expected dropout=0 while the model trains, got dropout={dropout}: portattn has no "
+            "random stream shared by every array library; set the model's attention dropout "
+            "to 0 (e.g. config.attention_dropout or config.attn_pdrop) or call model.eval()"
+        )
+        raise ValueError(msg)
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if x.ndim != 4:
+            msg = f"expected {name} of shape (batch, heads, length, features), got {tuple(x.shape)}"
+            raise ValueError(msg)
+    hq, lq = int(query.shape[1]), int(query.shape[2])
+    hkv, lk = int(key.shape[1]), int(key.shape[2])
+    if int(value.shape[1]) != hkv or hq % hkv:
+        msg = (
+            "expected key and value to have the same number of heads, dividing the query's: "
+            f"got query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+        )
+        raise ValueError(msg)
+    groups = hq // hkv
+
+    mask, bias = _mask_parts(attention_mask, hq=hq, lq=lq, lk=lk, groups=groups)
+    is_causal = kwargs.get("is_causal")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    causal: bool | str = False
+    window = None
+    if attention_mask is None:
+        # The convention of transformers' sdpa path: one query token sees
+        # every cached key; a longer block is aligned top-left (a prefill into
+        # a static cache whose later slots are still empty).
+        if is_causal:
+            causal = "bottom_right" if lq == 1 else "top_left"
+        sliding = kwargs.get("sliding_window")
+        if sliding is not None:
+            # transformers' overlays: causal keeps q - k < w, bidirectional |q - k| <= w
+            window = (int(sliding) - 1, 0) if is_causal else (int(sliding), int(sliding))
+    options: dict[str, Any] = {
+        "mask": mask,
+        "bias": bias,
+        "causal": causal,
+        "scale": scaling,
+        "window": window,
+    }
+
+    # Group the query heads onto their key/value head instead of repeating K and V:
+    # q (B, Hkv, G, Lq, d) against k, v (B, Hkv, 1, Lk, d) broadcast over G.
+    q = query.reshape(query.shape[0], hkv, groups, lq, query.shape[-1])
+    k = key[:, :, None]
+    v = value[:, :, None]
+    out = cast("torch.Tensor", attention(q, k, v, impl=impl, **options))  # (B, Hkv, G, Lq, dv)
+    out = out.reshape(out.shape[0], hq, lq, out.shape[-1]).transpose(1, 2).contiguous()
+    weights = None
+    if _wants_weights(module, kwargs):
+        w = attention_weights(q, k, **options)  # (B, Hkv, G, Lq, Lk)
+        weights = w.reshape(w.shape[0], hq, lq, lk)
+    return out, weights
+
+
+def _mask_parts(
+    attention_mask: torch.Tensor | None, *, hq: int, lq: int, lk: int, groups: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The model's 4-D mask as portattn's ``(mask, bias)``, with a group axis for GQA."""
+    if attention_mask is None:
+        return None, None
+    if not isinstance(attention_mask, torch.Tensor):
+        msg = (
+            "expected attention_mask to be a torch.Tensor or None, got "
+            f"{type(attention_mask).__qualname__} (a flex-attention BlockMask needs "
+            "attn_implementation='flex_attention')"
+        )
+        raise TypeError(msg)
+    m = attention_mask
+    heads = int(m.shape[1]) if m.ndim == 4 else -1
+    if (
+        m.ndim != 4
+        or heads not in (1, hq)
+        or int(m.shape[2]) not in (1, lq)
+        or int(m.shape[3]) != lk
+    ):
+        msg = (
+            f"expected attention_mask of shape (batch, 1 or {hq}, {lq}, {lk}), got {tuple(m.shape)}"
+        )
+        raise ValueError(msg)
+    # (B, 1, 1, Lq, Lk) for a mask shared by the heads, else (B, Hkv, G, Lq, Lk)
+    m = m[:, :, None] if heads == 1 else m.reshape(m.shape[0], -1, groups, m.shape[2], lk)
+    if m.dtype == torch.bool:
+        return m, None
+    if m.is_floating_point():
+        return None, m  # additive: 0 where allowed, a large negative number elsewhere
+    msg = f"expected attention_mask to be boolean or floating, got {m.dtype}"
+    raise TypeError(msg)
+
+
+def _wants_weights(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Whether the caller asked for the weights: in the call, in the config, or by recording them.
+
+    Some layers (GPT-2's) consume ``output_attentions`` themselves; their
+    model then records the weights that the attention returns through
+    transformers' output collector, which is where the request shows.
+    """
+    asked = kwargs.get("output_attentions")
+    if asked is not None:
+        return bool(asked)
+    if getattr(getattr(module, "config", None), "output_attentions", False):
+        return True
+    collecting = None if _COLLECTOR is None else _COLLECTOR.get()
+    return isinstance(collecting, dict) and "attentions" in collecting
+
+
+def register(name: str = "portattn", *, impl: Impl = "auto") -> str:
+    """Make ``attn_implementation=name`` compute attention with portattn.
+
+    Registers :func:`attention_forward` (bound to ``impl``) with
+    ``transformers.AttentionInterface`` and ``sdpa_mask`` (boolean masks,
+    True = attend, or ``None`` where causality alone suffices) with
+    ``AttentionMaskInterface``. Calling it again with the same arguments
+    changes nothing; calling it with another ``impl`` rebinds the name.
+
+    Parameters
+    ----------
+    name : str, optional
+        The ``attn_implementation`` to register. Names that ``transformers``
+        already gives another implementation (``"sdpa"``, ``"eager"``, ...)
+        are refused.
+    impl : {"auto", "materialize", "blockwise", "native"}, optional
+        The :func:`portattn.attention` path.
+
+    Returns
+    -------
+    str
+        ``name``, for ``from_config(..., attn_implementation=register())``.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``impl``, an empty name, or a name taken by another
+        implementation.
+
+    Examples
+    --------
+    >>> from portattn.integrations.transformers import register
+    >>> register()
+    'portattn'
+    >>> register("portattn-blockwise", impl="blockwise")
+    'portattn-blockwise'
+    """
+    if impl not in _IMPLS:
+        msg = f"expected impl to be one of {', '.join(map(repr, _IMPLS))}, got {impl!r}"
+        raise ValueError(msg)
+    if not isinstance(name, str) or not name:
+        msg = f"expected name to be a non-empty string, got {name!r}"
+        raise ValueError(msg)
+    taken = AttentionInterface._global_mapping.get(name)
+    if name == "eager" or (taken is not None and not hasattr(taken, "portattn_impl")):
+        msg = (
+            f"expected a name that transformers does not already use, got {name!r}, "
+            "which is another attention implementation"
+        )
+        raise ValueError(msg)
+    if taken is not None and taken.portattn_impl == impl:
+        return name
+    forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+    forward = functools.partial(attention_forward, impl=impl)
+    forward.portattn_impl = impl  # type: ignore[attr-defined]
+    AttentionInterface.register(name, forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+# ---------------------------------------------------------------------------
+# Tiny random models: the tests, the CLI and the docs page build the same ones.
+
+ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma2", "gpt2")
+
+# Weights drawn five times wider than transformers' default (0.02), so that the
+# random heads attend unevenly and a wrong scale, mask or cap shows in the
+# logits; wider still, float32 rounding alone approaches 1e-5 in the logits.
+_SHARED = {"vocab_size": 128, "initializer_range": 0.1, "bos_token_id": 1, "eos_token_id": 2}
+_DECODER = {
+    **_SHARED,
+    "max_position_embeddings": 128,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "attention_dropout": 0.0,
+}
+
+
+def _config(arch: str) -> Any:
+    import transformers
+
+    if arch == "llama":
+        return transformers.LlamaConfig(**_DECODER)
+    if arch == "mistral":
+        return transformers.MistralConfig(**_DECODER, sliding_window=4)
+    if arch == "qwen2":
+        return transformers.Qwen2Config(**_DECODER)
+    if arch == "gemma2":
+        # A soft cap below the scores' size, so that capping changes the result,
+        # and a window smaller than the test sequences on the sliding layers.
+        return transformers.Gemma2Config(
+            **_DECODER,
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            sliding_window=4,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=30.0,
+            layer_types=["sliding_attention", "full_attention"],
+        )
+    if arch == "gpt2":
+        return transformers.GPT2Config(
+            **_SHARED,
+            n_positions=128,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            attn_pdrop=0.0,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+        )
+    msg = f"expected arch to be one of {', '.join(map(repr, ARCHITECTURES))}, got {arch!r}"
+    raise ValueError(msg)
+
+
+def tiny_model(arch: str, *, attn_implementation: str, seed: int = 0) -> Any:
+    """A seeded random causal LM of architecture ``arch``: 2 layers, width 64, vocabulary 128.
+
+    Four query heads share two key/value heads, except GPT-2 (four of each).
+    Mistral slides a window of 4; Gemma 2 slides one on its first layer and
+    soft-caps its scores at 2.0. Dropout is 0 everywhere. Nothing is
+    downloaded. The model comes back in eval mode, in float32.
+
+    Parameters
+    ----------
+    arch : {"llama", "mistral", "qwen2", "gemma2", "gpt2"}
+    attn_implementation : str
+        ``"eager"``, ``"sdpa"``, or a name from :func:`register`.
+    seed : int, optional
+        Seeds torch's generator before the weights are drawn.
+
+    Returns
+    -------
+    transformers.PreTrainedModel
+
+    Examples
+    --------
+    >>> from portattn.integrations.transformers import register, tiny_model
+    >>> model = tiny_model("llama", attn_implementation=register())
+    >>> model.config.num_hidden_layers, model.config._attn_implementation
+    (2, 'portattn')
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = _config(arch)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(
+            config, attn_implementation=attn_implementation, dtype=torch.float32
+        )
+    return model.eval()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m portattn hf``: a tiny random model's last-layer attention, as heatmaps."""
+    from ..__main__ import heatmap
+
+    parser = argparse.ArgumentParser(
+        prog="python -m portattn hf",
+        description="Run a tiny random Hugging Face model with portattn as its attention and "
+        "print the attention weights of its last layer, one heatmap per head.",
+    )
+    parser.add_argument("--arch", choices=ARCHITECTURES, default="llama")
+    parser.add_argument("--length", type=int, default=8, help="prompt tokens (default 8)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-color", action="store_true", help="plain text heatmaps")
+    args = parser.parse_args(argv)
+    if not 1 <= args.length <= 64:
+        parser.error(f"expected --length between 1 and 64, got {args.length}")
+    model = tiny_model(args.arch, attn_implementation=register(), seed=args.seed)
+    generator = torch.Generator().manual_seed(args.seed)
+    ids = torch.randint(1, model.config.vocab_size, (1, args.length), generator=generator)
+    with torch.no_grad():
+        attentions = model(input_ids=ids, output_attentions=True).attentions
+    last = attentions[-1][0]  # (Hq, L, L)
+    tokens = [f"t{int(i)}" for i in ids[0]]
+    color = not args.no_color and sys.stdout.isatty()
+    print(
+        f"portattn in a tiny random {type(model).__name__} "
+        f"({model.config.num_hidden_layers} layers, {last.shape[0]} heads): "
+        "attention weights of the last layer (rows = queries)"
+    )
+    for h in range(last.shape[0]):
+        print(f"\nhead {h}:")
+        print(heatmap(tokens, last[h].numpy(), color=color))
+    return 0
