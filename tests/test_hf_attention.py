@@ -306,3 +306,15 @@ def test_import_without_transformers_names_the_extra():
     )
     assert "pip install 'portattn[transformers]'" in run.stdout
     assert "core ok True" in run.stdout
+
+
+def test_cli_without_transformers_says_what_to_install():
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "from portattn.__main__ import main\n"
+        "raise SystemExit(main(['hf', '--arch', 'llama']))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "pip install 'portattn[transformers]'" in run.stderr
+    assert "Traceback" not in run.stderr

@@ -85,8 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m portattn``."""
     args_in = sys.argv[1:] if argv is None else list(argv)
     if args_in[:1] == ["hf"]:  # a tiny Hugging Face model (needs portattn[transformers])
-        from .integrations.transformers import main as hf_main
-
+        try:
+            from .integrations.transformers import main as hf_main
+        except ImportError as exc:
+            print(exc, file=sys.stderr)
+            return 2
         return hf_main(args_in[1:])
     parser = argparse.ArgumentParser(prog="python -m portattn", description=__doc__)
     parser.add_argument(
