@@ -140,6 +140,26 @@ def test_sliding_window_without_mask_matches_transformers_window():
     _close(masked, out)
 
 
+def test_softcap_against_the_float64_formula():
+    q, k, v = _qkv(5, 7)
+    q = q * 4  # scores of several units, so that a cap of 1.5 bends them hard
+    m = _padding_mask(5, 7)
+    out, weights = attention_forward(
+        Layer(), q, k, v, m, scaling=0.3, softcap=1.5, output_attentions=True
+    )
+    rep = HQ // HKV
+    s = q @ k.repeat_interleave(rep, dim=1).transpose(-1, -2) * 0.3
+    s = torch.tanh(s / 1.5) * 1.5  # Gemma 2: cap the scaled scores, then mask
+    w = torch.softmax(s.masked_fill(~m, -torch.inf), dim=-1)
+    want = (w @ v.repeat_interleave(rep, dim=1)).transpose(1, 2)
+    live = _live(m)
+    _close(out[live], want[live])
+    assert weights is not None
+    _close(weights.transpose(1, 2)[live], w.transpose(1, 2)[live])
+    uncapped, _ = attention_forward(Layer(), q, k, v, m, scaling=0.3)
+    assert (uncapped[live] - want[live]).abs().max() > 0.1
+
+
 def test_scaling_and_multi_head_without_groups():
     q, k, v = _qkv(5, 5, hq=3, hkv=3)
     out, _ = attention_forward(Layer(), q, k, v, None, scaling=0.37)

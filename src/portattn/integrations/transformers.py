@@ -67,7 +67,7 @@ _NO_EFFECT = frozenset(
     }
 )
 # Keyword arguments with a meaning that attention_forward honours.
-_HONOURED = frozenset({"is_causal", "sliding_window"})
+_HONOURED = frozenset({"is_causal", "sliding_window", "softcap"})
 
 
 def attention_forward(
@@ -116,7 +116,8 @@ def attention_forward(
     **kwargs
         ``is_causal`` (overrides ``module.is_causal``), ``sliding_window``
         (the mask already carries it; applied here only when the mask is
-        ``None``) and ``output_attentions``. Keyword
+        ``None``), ``softcap`` (``tanh(s / c) * c`` on the scaled scores,
+        before masking, as Gemma 2 does) and ``output_attentions``. Keyword
         arguments that change nothing here (cache and output bookkeeping,
         packed-sequence hints that the mask already carries) are accepted;
         any other one that is not ``None`` is refused.
@@ -200,6 +201,7 @@ def attention_forward(
         "causal": causal,
         "scale": scaling,
         "window": window,
+        "softcap": kwargs.get("softcap"),  # Gemma 2's tanh cap, before the mask as it does
     }
 
     # Group the query heads onto their key/value head instead of repeating K and V:
