@@ -15,7 +15,7 @@ import pytest
 from portattn import chapter
 from portattn.testing import to_numpy
 
-PAGES = ["", "chapter/", "beyond/", "performance/", "backends/", "api/"]
+PAGES = ["", "chapter/", "beyond/", "performance/", "backends/", "huggingface/", "api/"]
 
 
 @dataclass
