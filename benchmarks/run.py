@@ -220,8 +220,14 @@ def _dask_subjects(n: int, causal: bool, workers: int) -> dict[str, Callable[[],
         with threadpool_limits(limits=1, user_api="blas"):
             return lazy()
 
+    def eager_one_blas() -> Any:
+        # the same, unparallelised: the baseline for how the dask rows scale
+        with threadpool_limits(limits=1, user_api="blas"):
+            return pa.attention(q, k, v, causal=causal)
+
     return {
         "portattn numpy": lambda: pa.attention(q, k, v, causal=causal),
+        "portattn numpy, BLAS 1 thread": eager_one_blas,
         f"dask threads x{workers}, {H} head chunks": lazy,
         f"dask threads x{workers}, {H} head chunks, BLAS 1 thread": lazy_one_blas,
     }

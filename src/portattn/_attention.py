@@ -123,6 +123,11 @@ def attention(
     and so does ``Lk == 0``. With ``causal``, rewriting the keys and values
     of later positions leaves earlier output rows bit-for-bit unchanged.
 
+    On dask arrays the result is a lazy dask array chunked like ``query``:
+    one task per (query chunk, key chunk) pair that positions leave visible,
+    merged exactly through the log-sum-exp, at most
+    ``dask.config.get("portattn.merge-fan-in", 4)`` partials per merge.
+
     Examples
     --------
     >>> import array_api_strict as xp

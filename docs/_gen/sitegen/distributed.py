@@ -201,8 +201,26 @@ def best_speedup() -> str:
     if rec is None:
         return "n/a"
     best = max(
-        (r for r in rec["throughput"] if r["subject"] != "portattn numpy"),
+        (r for r in rec["throughput"] if r["subject"].startswith("dask")),
         key=lambda r: r["speedup"],
     )
     causal = ", causal" if best["causal"] else ""
     return f"{best['speedup']:.2f}x ({best['subject']}, N={best['n']}{causal})"
+
+
+def thread_scaling() -> str:
+    """Dask on all cores against the same kernel on one core, both with one BLAS thread."""
+    rec = record()
+    if rec is None:
+        return "n/a"
+    ratios = []
+    for r in rec["throughput"]:
+        if r["subject"].startswith("dask") and r["subject"].endswith("BLAS 1 thread"):
+            one = next(
+                x
+                for x in rec["throughput"]
+                if x["subject"] == "portattn numpy, BLAS 1 thread"
+                and (x["n"], x["causal"]) == (r["n"], r["causal"])
+            )
+            ratios.append(one["median_s"] / r["median_s"])
+    return f"{min(ratios):.2f}x to {max(ratios):.2f}x on {rec['workers']} threads"
