@@ -423,8 +423,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="N <= 2048, 3 rounds (smoke test)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--max-n", type=int, default=max(SIZES), help="largest N for throughput")
-    parser.add_argument("--dask-only", action="store_true", help="only the dask rows (dask.json)")
+    parser.add_argument(
+        "--dask-only",
+        action="store_true",
+        help="only the dask rows (dask.json); with --quick, one round",
+    )
     args = parser.parse_args()
+    # The dask rows go to their own record: a full run writes them too.
     if args.dask_only or not args.quick:
         args.out.mkdir(parents=True, exist_ok=True)
         dask_record = {
@@ -432,7 +437,7 @@ def main() -> None:
             "machine": machine(),
             "load_before": [round(x, 2) for x in os.getloadavg()],
             "config": {"B": B, "H": H, "d": D, "dtype": "float32", "sizes": list(DASK_SIZES)},
-            **dask_rows(),
+            **dask_rows(rounds=1 if args.quick else 3),
             "load_after": [round(x, 2) for x in os.getloadavg()],
         }
         (args.out / "dask.json").write_text(json.dumps(dask_record, indent=1) + "\n")

@@ -117,7 +117,7 @@ def test_n65536_causal_fits_the_workers_and_survives_a_killed_worker(client: Any
     future = client.compute(out)
     # Kill one worker process once some work is done but not all of it.
     deadline = time.monotonic() + 300
-    while _done_tasks(client) < 40 and not future.done() and time.monotonic() < deadline:
+    while _done_tasks(client) < 20 and not future.done() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not future.done(), "the computation ended before a worker could be killed"
     peak_before_kill = _peak_worker_memory(client)
