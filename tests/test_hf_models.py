@@ -100,6 +100,40 @@ def test_logits_of_a_left_padded_batch(model, arch):
         assert (got[real] - want[real]).abs().max() <= TOL, ref
 
 
+def test_logits_of_a_right_padded_batch(model, arch):
+    ids, mask = batch()
+    ids, mask = ids.flip(-1), mask.flip(-1)  # the same sequences (reversed), padded on the right
+    real = mask.bool()
+    out = {}
+    for name in (PORTATTN, "eager"):
+        model.set_attn_implementation(name)
+        with torch.no_grad():
+            out[name] = model(input_ids=ids, attention_mask=mask).logits
+    assert (out[PORTATTN][real] - out["eager"][real]).abs().max() <= TOL
+
+
+def test_a_4d_additive_mask_from_the_caller(model, arch, monkeypatch):
+    """A float mask the caller builds reaches the attention as is: portattn adds it as a bias."""
+    seen = []
+    real_attention = hf.attention
+    monkeypatch.setattr(
+        hf, "attention", lambda *a, **kw: seen.append(kw) or real_attention(*a, **kw)
+    )
+    ids, mask = batch()
+    n = ids.shape[1]
+    allowed = torch.ones(n, n, dtype=torch.bool).tril() & mask.bool()[:, None, None, :]
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    out = {}
+    for name in (PORTATTN, "eager"):
+        model.set_attn_implementation(name)
+        with torch.no_grad():
+            out[name] = model(input_ids=ids, attention_mask=additive).logits
+    assert seen
+    assert all(kw["bias"] is not None and kw["mask"] is None for kw in seen)
+    real = mask.bool()
+    assert (out[PORTATTN][real] - out["eager"][real]).abs().max() <= TOL
+
+
 def test_logits_discriminate(model, arch):
     """The tolerance is meaningful: losing the padding mask moves the logits far beyond it."""
     ids, mask = batch()
