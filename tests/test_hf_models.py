@@ -134,6 +134,22 @@ def test_a_4d_additive_mask_from_the_caller(model, arch, monkeypatch):
     assert (out[PORTATTN][real] - out["eager"][real]).abs().max() <= TOL
 
 
+def test_without_the_mask_function_padding_is_lost(model):
+    """Why register() also fills AttentionMaskInterface: a name known only to AttentionInterface
+    gets attention_mask=None, and the padded batch silently computes something else."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("portattn-test-no-mask-function", hf.attention_forward)
+    _, mask = batch()
+    real = mask.bool()
+    try:
+        lost = logits_with(model, "portattn-test-no-mask-function")
+    finally:
+        del AttentionInterface._global_mapping["portattn-test-no-mask-function"]
+    kept = logits_with(model, PORTATTN)
+    assert (lost[real] - kept[real]).abs().max() > 1000 * TOL
+
+
 def test_logits_discriminate(model, arch):
     """The tolerance is meaningful: losing the padding mask moves the logits far beyond it."""
     ids, mask = batch()
