@@ -183,6 +183,17 @@ def scaling_markdown() -> str:
             f"| {r['n']} | {'yes' if r['causal'] else 'no'} | {r['subject']} | "
             f"{r['median_s'] * 1e3:.0f} | {r['gflops']:.1f} | {r['speedup']:.2f}x |"
         )
+    load = max(rec["load_before"][0], rec["load_after"][0])
+    if load > m["cores"]:
+        lines += [
+            "",
+            f"The machine was oversubscribed during this run (load {load:.1f} on "
+            f"{m['cores']} cores): numpy's BLAS threads spin while they wait for a core, "
+            "which slows the default (multi-threaded BLAS) rows most, and no core was free "
+            "for dask's second thread. Read these figures as a record of that run, not as "
+            "what dask gains on an idle machine.",
+        ]
+    lines += [""] + [f"Not measured: {why}." for why in rec.get("skipped", [])]
     o = rec["overhead"]
     shape = "x".join(map(str, o["chunk_shape"]))
     lines += [
