@@ -155,7 +155,7 @@ def test_cache_mismatches_are_clear_errors(backend: Backend, rng):
     assert wrong_dtype.length == 0
     with pytest.raises(ValueError, match="cache=None with a context"):
         mha(x, x, cache=mha.new_cache(batch_shape=(B,)))
-    with pytest.raises(ValueError, match="capacity to be an int >= 0, got -1"):
+    with pytest.raises(ValueError, match="capacity to be a non-negative int, got -1"):
         pa.KVCache(2, 4, capacity=-1)
     with pytest.raises(ValueError, match="keys and values of one shape"):
         pa.KVCache(1, 2).append(np.ones((1, 3, 2), np.float32), np.ones((1, 2, 2), np.float32))

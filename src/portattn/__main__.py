@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -81,8 +83,51 @@ def _report(name: str, xp: ModuleType, *, color: bool) -> str:
     return "\n".join(out)
 
 
+# What a shell reports for a process ended by SIGPIPE (128 + 13), as `yes | head -1` does.
+EXIT_CLOSED_PIPE = 141
+EXIT_WRITE_ERROR = 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m portattn``."""
+    """Entry point of ``python -m portattn``.
+
+    Output problems end the program without a traceback: a reader that goes
+    away (``python -m portattn | head -1``) ends it quietly with status 141,
+    like a program killed by SIGPIPE; any other failure to write (standard
+    output closed with ``>&-``, a full disk as with ``>/dev/full``) prints
+    one line to standard error and returns 1.
+    """
+    try:
+        if sys.stdout is None:  # started with stdout closed: Python leaves it as None
+            raise OSError(errno.EBADF, "standard output is closed")
+        code = _main(argv)
+        sys.stdout.flush()  # a write error in the buffer surfaces here, not at exit
+    except BrokenPipeError:
+        _detach_stdout()
+        return EXIT_CLOSED_PIPE
+    except OSError as exc:
+        _detach_stdout()
+        reason = exc.strerror or str(exc)
+        if sys.stderr is not None:
+            print(f"python -m portattn: cannot write the report: {reason}", file=sys.stderr)
+        return EXIT_WRITE_ERROR
+    return code
+
+
+def _detach_stdout() -> None:
+    """Point stdout at /dev/null so that Python's final flush has nowhere to fail."""
+    stream = sys.stdout
+    if stream is None:
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's capture)
+        return
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_in = sys.argv[1:] if argv is None else list(argv)
     if args_in[:1] == ["hf"]:  # a tiny Hugging Face model (needs portattn[transformers])
         try:

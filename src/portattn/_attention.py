@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ._blockwise import blockwise_attention
-from ._lib._checks import check_flag, int_pair
+from ._lib._checks import check_flag, check_int_pair
 from ._lib._compat import array_namespace, is_dask_namespace
 from ._lib._precision import narrow
 from ._lib._typing import Array, Namespace
@@ -174,7 +174,7 @@ def solve(
     if not isinstance(impl, str) or impl not in _IMPLS:
         msg = f"expected impl to be one of {', '.join(map(repr, _IMPLS))}, got {impl!r}"
         raise ValueError(msg)
-    sizes = None if block_size is None else int_pair("block_size", block_size, minimum=1)
+    sizes = None if block_size is None else check_int_pair("block_size", block_size, minimum=1)
     want_lse = check_flag("return_lse", return_lse)
     lse: Array | None
     if is_dask_namespace(xp):

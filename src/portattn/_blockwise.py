@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from ._lib._checks import int_pair
+from ._lib._checks import check_int_pair
 from ._lib._compat import is_lazy_array, is_writeable_array, namespace_library
 from ._lib._typing import Array, Namespace
 from ._problem import Problem, empty_result, expand
@@ -56,7 +56,7 @@ def block_sizes(
         lo, hi = _QUERY_BLOCK_RANGE
         bq = max(lo, min(hi, tile // (bk * max(1, math.prod(batch)))))
         return 1 << (bq.bit_length() - 1), bk  # a power of two: BLAS-friendly
-    return int_pair("block_size", block_size, minimum=1)
+    return check_int_pair("block_size", block_size, minimum=1)
 
 
 def blockwise_attention(

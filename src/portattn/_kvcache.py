@@ -8,7 +8,10 @@ sequence, which is why decoding aligns the causal mask bottom-right.
 
 from __future__ import annotations
 
-from ._lib._checks import dtype_name
+import numbers
+import threading
+
+from ._lib._checks import check_dtype, check_int, dtype_name, shown
 from ._lib._compat import array_namespace, device_of, is_writeable_array, resolve_namespace
 from ._lib._typing import Array, Device, DType, Namespace
 
@@ -19,11 +22,14 @@ __all__ = ["KVCache"]
 _GROWING_START = 16
 
 
-def _check_size(name: str, n: object, minimum: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < minimum:
-        msg = f"expected {name} to be an int >= {minimum}, got {n!r}"
+def _check_batch_shape(batch_shape: object) -> tuple[int, ...]:
+    if not isinstance(batch_shape, tuple) or not all(
+        isinstance(n, numbers.Integral) and not isinstance(n, bool) and int(n) >= 0
+        for n in batch_shape
+    ):
+        msg = f"expected batch_shape to be a tuple of non-negative ints, got {shown(batch_shape)}"
         raise ValueError(msg)
-    return n
+    return tuple(int(n) for n in batch_shape)
 
 
 class KVCache:
@@ -32,6 +38,15 @@ class KVCache:
     Two forms: with ``capacity`` the buffers are allocated once and an
     append that would exceed it raises ``ValueError``; with
     ``capacity=None`` the buffers grow (doubling) as needed.
+
+    A cache may be shared between threads: :meth:`append` holds a lock from
+    its first check to its last write, so each append stores its tokens
+    contiguously and completely, concurrent appends are applied one after
+    another (in the order they take the lock), and :attr:`keys`,
+    :attr:`values` and :attr:`length` always describe one consistent state.
+    The order of tokens from different threads is whatever order they
+    arrive in; when it matters, appends must be ordered by the caller.
+    A call that raises leaves the cache exactly as it was.
 
     Parameters
     ----------
@@ -78,20 +93,13 @@ class KVCache:
         dtype: DType | None = None,
         device: Device | None = None,
     ) -> None:
-        self.num_kv_heads = _check_size("num_kv_heads", num_kv_heads, 1)
-        self.d_head = _check_size("d_head", d_head, 1)
-        if not isinstance(batch_shape, tuple) or not all(
-            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in batch_shape
-        ):
-            msg = f"expected batch_shape to be a tuple of non-negative ints, got {batch_shape!r}"
-            raise ValueError(msg)
-        self.batch_shape = batch_shape
-        self.capacity = None if capacity is None else _check_size("capacity", capacity, 0)
+        self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1)
+        self.d_head = check_int("d_head", d_head, minimum=1)
+        self.batch_shape = _check_batch_shape(batch_shape)
+        self.capacity = None if capacity is None else check_int("capacity", capacity, minimum=0)
         self._xp = resolve_namespace(xp)
-        self.dtype = self._xp.float32 if dtype is None else dtype
-        if not self._xp.isdtype(self.dtype, "real floating"):
-            msg = f"expected dtype to be a real floating dtype, got {dtype_name(self.dtype)}"
-            raise TypeError(msg)
+        self.dtype = self._xp.float32 if dtype is None else check_dtype("dtype", dtype, xp=self._xp)
+        self._lock = threading.RLock()
         self.length = 0
         size = _GROWING_START if self.capacity is None else self.capacity
         self._k = self._empty(size, device)
@@ -114,18 +122,22 @@ class KVCache:
     @property
     def keys(self) -> Array:
         """The stored keys, (\\*batch, Hkv, length, d_head)."""
-        return self._k[..., : self.length, :]
+        with self._lock:
+            return self._k[..., : self.length, :]
 
     @property
     def values(self) -> Array:
         """The stored values, (\\*batch, Hkv, length, d_head)."""
-        return self._v[..., : self.length, :]
+        with self._lock:
+            return self._v[..., : self.length, :]
 
     def append(self, keys: Array, values: Array, /) -> tuple[Array, Array]:
         """Store new keys and values (\\*batch, Hkv, n, d_head); return all stored so far.
 
         Every check runs before anything is written, so a failed append leaves
         the cache unchanged. The inputs are copied, never kept or modified.
+        The whole append (checks, growth, writes) is atomic with respect to
+        other threads using this cache.
 
         Returns
         -------
@@ -140,11 +152,16 @@ class KVCache:
             or more tokens than a fixed capacity holds.
         """
         xp = array_namespace(keys, values)
-        self.check(keys, values, xp=xp)
-        return self.append_checked(keys, values)
+        with self._lock:
+            self.check(keys, values, xp=xp)
+            return self.append_checked(keys, values)
 
     def check(self, keys: Array, values: Array, *, xp: Namespace) -> None:
         """Raise if ``keys``/``values`` cannot be appended (nothing is written)."""
+        with self._lock:
+            self._check(keys, values, xp=xp)
+
+    def _check(self, keys: Array, values: Array, *, xp: Namespace) -> None:
         if xp is not self._xp:
             msg = f"expected arrays from {self._xp.__name__} like the cache, got {xp.__name__}"
             raise TypeError(msg)
@@ -183,14 +200,18 @@ class KVCache:
 
     def append_checked(self, keys: Array, values: Array) -> tuple[Array, Array]:
         """:meth:`append` after :meth:`check` has passed."""
-        n = int(keys.shape[-2])
-        end = self.length + n
-        if end > int(self._k.shape[-2]):
-            self._grow(end)
-        self._k = self._write(self._k, self.length, keys)
-        self._v = self._write(self._v, self.length, values)
-        self.length = end
-        return self.keys, self.values
+        with self._lock:
+            n = int(keys.shape[-2])
+            start = self.length
+            end = start + n
+            k_buf, v_buf = self._k, self._v
+            if end > int(k_buf.shape[-2]):
+                k_buf, v_buf = self._grown(k_buf, end), self._grown(v_buf, end)
+            k_buf = self._write(k_buf, start, keys)
+            v_buf = self._write(v_buf, start, values)
+            # Committed together, only once every step above has succeeded.
+            self._k, self._v, self.length = k_buf, v_buf, end
+            return k_buf[..., :end, :], v_buf[..., :end, :]
 
     def _write(self, buffer: Array, start: int, new: Array) -> Array:
         """Put ``new`` at token ``start``: in place, or rebuilt for immutable arrays (JAX)."""
@@ -201,12 +222,10 @@ class KVCache:
         xp = self._xp  # JAX: no item assignment, so splice with concat (O(capacity) per append)
         return xp.concat([buffer[..., :start, :], new, buffer[..., end:, :]], axis=-2)
 
-    def _grow(self, needed: int) -> None:
-        size = max(needed, 2 * int(self._k.shape[-2]))
-        for name in ("_k", "_v"):
-            old = getattr(self, name)
-            new = self._write(self._empty(size, self.device), 0, old[..., : self.length, :])
-            setattr(self, name, new)
+    def _grown(self, old: Array, needed: int) -> Array:
+        """A larger buffer holding ``old``'s stored tokens (``old`` itself is left alone)."""
+        size = max(needed, 2 * int(old.shape[-2]))
+        return self._write(self._empty(size, self.device), 0, old[..., : self.length, :])
 
     def clear(self) -> None:
         """Forget every stored token.
@@ -215,6 +234,7 @@ class KVCache:
         overwritten by later appends.
         """
         size = _GROWING_START if self.capacity is None else self.capacity
-        self._k = self._empty(size, self.device)
-        self._v = self._empty(size, self.device)
-        self.length = 0
+        with self._lock:
+            self._k = self._empty(size, self.device)
+            self._v = self._empty(size, self.device)
+            self.length = 0

@@ -20,8 +20,17 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from ._lib._checks import broadcast_shapes, check_floating
-from ._lib._compat import array_namespace, device_of
+from ._lib._checks import (
+    broadcast_shapes,
+    check_flag,
+    check_floating,
+    check_int,
+    check_real,
+    check_same_device,
+    dtype_name,
+    shown,
+)
+from ._lib._compat import array_namespace, device_of, is_array_api_obj, library_name
 from ._lib._precision import compute_dtype, narrow
 from ._lib._typing import Array, Namespace
 
@@ -65,11 +74,12 @@ def elu_feature_map(x: Array, /) -> Array:
     return narrow(_phi(xp.astype(x, work), xp=xp), x.dtype, xp=xp)
 
 
-def _check_eps(eps: object) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < float("inf"):
-        msg = f"expected eps to be a finite non-negative number, got {eps!r}"
-        raise ValueError(msg)
-    return float(eps)
+def _check_options(*, causal: object, eps: object, chunk_size: object) -> tuple[bool, float, int]:
+    """Every option of :func:`linear_attention`, checked whichever form runs."""
+    is_causal = check_flag("causal", causal)
+    e = check_real("eps", eps, minimum=0.0)
+    c = _DEFAULT_CHUNK if chunk_size is None else check_int("chunk_size", chunk_size, minimum=1)
+    return is_causal, e, c
 
 
 def _validate(query: Array, key: Array, value: Array, *, xp: Namespace) -> None:
@@ -123,11 +133,14 @@ def linear_attention(
     value : array, shape (..., Lk, dv)
         Real floating, batch dimensions broadcast.
     causal : bool, optional
-        Query ``i`` sees keys ``j <= i``; requires ``Lq == Lk``.
+        Query ``i`` sees keys ``j <= i``; requires ``Lq == Lk``. Only
+        ``True`` and ``False`` (or NumPy bools) are accepted.
     eps : float, optional
-        Added to the denominator, as in the paper's reference code.
+        Added to the denominator, as in the paper's reference code; any
+        finite real number ``>= 0``.
     chunk_size : int, optional
-        Tokens per prefix-sum chunk in the causal form (default 64).
+        Tokens per prefix-sum chunk in the causal form (default 64); a
+        positive int, checked in the non-causal form too.
 
     Returns
     -------
@@ -147,21 +160,18 @@ def linear_attention(
     """
     xp = array_namespace(query, key, value)
     _validate(query, key, value, xp=xp)
-    e = _check_eps(eps)
+    is_causal, e, chunk = _check_options(causal=causal, eps=eps, chunk_size=chunk_size)
+    lq, lk = int(query.shape[-2]), int(key.shape[-2])
+    if is_causal and lq != lk:
+        msg = f"expected Lq == Lk for causal linear attention, got Lq={lq}, Lk={lk}"
+        raise ValueError(msg)
     out_dtype = xp.result_type(query.dtype, key.dtype, value.dtype)
     work = compute_dtype(out_dtype, xp=xp)
     fq = _phi(xp.astype(query, work), xp=xp)  # (..., Lq, d)
     fk = _phi(xp.astype(key, work), xp=xp)  # (..., Lk, d)
     v = xp.astype(value, work)  # (..., Lk, dv)
-    if causal:
-        if not isinstance(causal, bool):
-            msg = f"expected causal to be a bool, got {causal!r}"
-            raise ValueError(msg)
-        lq, lk = int(query.shape[-2]), int(key.shape[-2])
-        if lq != lk:
-            msg = f"expected Lq == Lk for causal linear attention, got Lq={lq}, Lk={lk}"
-            raise ValueError(msg)
-        out = _causal(fq, fk, v, eps=e, chunk_size=chunk_size, xp=xp)
+    if is_causal:
+        out = _causal(fq, fk, v, eps=e, chunk_size=chunk, xp=xp)
     else:
         kv = xp.matrix_transpose(fk) @ v  # (..., d, dv)
         z = xp.sum(fk, axis=-2)  # (..., d)
@@ -171,13 +181,8 @@ def linear_attention(
     return narrow(out, out_dtype, xp=xp)
 
 
-def _causal(
-    fq: Array, fk: Array, v: Array, *, eps: float, chunk_size: int | None, xp: Namespace
-) -> Array:
-    c = _DEFAULT_CHUNK if chunk_size is None else chunk_size
-    if isinstance(c, bool) or not isinstance(c, int) or c < 1:
-        msg = f"expected chunk_size to be a positive int, got {chunk_size!r}"
-        raise ValueError(msg)
+def _causal(fq: Array, fk: Array, v: Array, *, eps: float, chunk_size: int, xp: Namespace) -> Array:
+    c = chunk_size
     n, d, dv = int(fq.shape[-2]), int(fq.shape[-1]), int(v.shape[-1])
     batch = broadcast_shapes(
         [
@@ -225,7 +230,10 @@ def linear_attention_step(
     value : array, shape (..., dv)
         The current token; batch dimensions broadcast.
     state : LinearAttentionState, optional
-        The state after the previous tokens; ``None`` starts from zeros.
+        The state after the previous tokens, as a previous call returned it:
+        ``kv`` of shape (..., d, dv) and ``normalizer`` (..., d), in the
+        compute dtype, library and device of the inputs. ``None`` starts
+        from zeros. It is read, never modified.
     eps : float, optional
         As in :func:`linear_attention`.
 
@@ -246,7 +254,7 @@ def linear_attention_step(
     >>> out  # running mean of the values
     Array([3.], dtype=array_api_strict.float64)
     """
-    xp = array_namespace(query, key, value, *(state or ()))
+    xp = array_namespace(query, key, value)
     for name, a in (("query", query), ("key", key), ("value", value)):
         check_floating(name, a, xp=xp)
         if a.ndim < 1:
@@ -256,9 +264,14 @@ def linear_attention_step(
     if int(key.shape[-1]) != d:
         msg = f"expected key to have d={d} features like query, got key shape {tuple(key.shape)}"
         raise ValueError(msg)
-    e = _check_eps(eps)
+    e = check_real("eps", eps, minimum=0.0)
+    batch = broadcast_shapes(
+        [(n, tuple(a.shape[:-1])) for n, a in (("query", query), ("key", key), ("value", value))]
+    )
     out_dtype = xp.result_type(query.dtype, key.dtype, value.dtype)
     work = compute_dtype(out_dtype, xp=xp)
+    if state is not None:
+        _check_state(state, d=d, dv=dv, batch=batch, work=work, xp=xp, like=query)
     fq = _phi(xp.astype(query, work), xp=xp)  # (..., d)
     fk = _phi(xp.astype(key, work), xp=xp)
     v = xp.astype(value, work)  # (..., dv)
@@ -266,20 +279,55 @@ def linear_attention_step(
     if state is None:
         s, z = outer, fk
     else:
-        if not isinstance(state, LinearAttentionState):
-            msg = f"expected state to be a LinearAttentionState or None, got {type(state).__name__}"
-            raise TypeError(msg)
-        if tuple(state.kv.shape[-2:]) != (d, dv):
-            msg = (
-                f"expected a state for d={d}, dv={dv} (kv shape (..., {d}, {dv})), "
-                f"got kv shape {tuple(state.kv.shape)}"
-            )
-            raise ValueError(msg)
-        if state.kv.dtype != work:
-            msg = f"expected a state in the compute dtype {work}, got {state.kv.dtype}"
-            raise TypeError(msg)
         s, z = state.kv + outer, state.normalizer + fk
     num = (fq[..., None, :] @ s)[..., 0, :]  # (..., dv)
     den = xp.sum(fq * z, axis=-1, keepdims=True)  # (..., 1)
     out = num / (den + e)
     return narrow(out, out_dtype, xp=xp), LinearAttentionState(s, z)
+
+
+def _check_state(
+    state: object,
+    *,
+    d: int,
+    dv: int,
+    batch: tuple[int, ...],
+    work: object,
+    xp: Namespace,
+    like: Array,
+) -> None:
+    """Raise unless ``state`` is a state this step can continue from."""
+    if not isinstance(state, LinearAttentionState):
+        msg = (
+            "expected state to be a LinearAttentionState (as returned by the previous step) "
+            f"or None, got {shown(state)}"
+        )
+        raise TypeError(msg)
+    for name, a in (("state.kv", state.kv), ("state.normalizer", state.normalizer)):
+        if not is_array_api_obj(a):
+            msg = f"expected {name} to be an array, got {shown(a)}"
+            raise TypeError(msg)
+        if array_namespace(a) is not xp:
+            msg = (
+                f"expected {name} to come from the inputs' library {library_name(like)}, "
+                f"got an array from {library_name(a)}"
+            )
+            raise TypeError(msg)
+        if a.dtype != work:
+            msg = (
+                f"expected {name} in the compute dtype {dtype_name(work)}, "
+                f"got {dtype_name(a.dtype)}"
+            )
+            raise TypeError(msg)
+    kv, z = state.kv, state.normalizer
+    if kv.ndim < 2 or tuple(kv.shape[-2:]) != (d, dv):
+        msg = f"expected state.kv of shape (..., d={d}, dv={dv}), got shape {tuple(kv.shape)}"
+        raise ValueError(msg)
+    if tuple(z.shape) != tuple(kv.shape[:-1]):
+        msg = (
+            f"expected state.normalizer of shape {tuple(kv.shape[:-1])} (state.kv's without "
+            f"its last axis), got shape {tuple(z.shape)}"
+        )
+        raise ValueError(msg)
+    broadcast_shapes([("the inputs' batch shape", batch), ("state", tuple(kv.shape[:-2]))])
+    check_same_device([("query", like), ("state.kv", kv), ("state.normalizer", z)])

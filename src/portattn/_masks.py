@@ -11,7 +11,7 @@ import functools
 from dataclasses import dataclass
 from typing import Literal
 
-from ._lib._checks import int_pair
+from ._lib._checks import check_flag, check_int, check_int_pair
 from ._lib._compat import is_numpy_namespace, resolve_namespace
 from ._lib._typing import Array, Device, Namespace
 
@@ -39,17 +39,14 @@ def _offset(lq: int, lk: int, align: str) -> int:
 
 
 def _check_length(name: str, n: object) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        msg = f"expected {name} to be a non-negative int, got {n!r}"
-        raise ValueError(msg)
-    return n
+    return check_int(name, n, minimum=0)
 
 
 def normalize_window(window: object) -> tuple[int, int] | None:
     """``w`` means ``(w, w)``; negative sizes are refused."""
     if window is None:
         return None
-    return int_pair("window", window, minimum=0)
+    return check_int_pair("window", window, minimum=0)
 
 
 def normalize_causal(causal: object) -> bool | Align:
@@ -68,6 +65,11 @@ def normalize_causal(causal: object) -> bool | Align:
         f"got {type(causal).__name__} {causal!r}"
     )
     raise ValueError(msg)
+
+
+def _clamp_window(window: tuple[int, int], lq: int, lk: int) -> tuple[int, int]:
+    """A window wider than ``lq + lk`` hides nothing more; clamping keeps index sums in int64."""
+    return min(window[0], lq + lk), min(window[1], lq + lk)
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,8 @@ class Structure:
                 raise ValueError(msg)
             align = "top_left"
         offset = _offset(lq, lk, align) if align is not None else 0
-        return cls(lq, lk, offset, is_causal, window)
+        sizes = None if window is None else _clamp_window(window, lq, lk)  # 2**63 fits int64 now
+        return cls(lq, lk, offset, is_causal, sizes)
 
     @property
     def trivial(self) -> bool:
@@ -221,8 +224,9 @@ def causal_mask(
     [[True, False, False], [True, True, False]]
     """
     lq, lk = _check_length("lq", lq), _check_length("lk", lk)
+    offset = _offset(lq, lk, align)
     ns = resolve_namespace(xp)
-    s = Structure(lq, lk, _offset(lq, lk, align), causal=True)
+    s = Structure(lq, lk, offset, causal=True)
     return s.tile(0, lq, 0, lk, xp=ns, device=device)
 
 
@@ -251,6 +255,7 @@ def window_mask(
         ``(left, right)`` window sizes; an int ``w`` means ``(w, w)``.
     causal : bool, optional
         Also hide keys after the aligned position (a Mistral-style window).
+        ``True`` or ``False`` only.
     align : {"bottom_right", "top_left"}, optional
         How queries line up with keys when ``lq != lk``.
     xp : namespace or module, optional
@@ -273,10 +278,14 @@ def window_mask(
            [0, 0, 1, 1]])
     """
     lq, lk = _check_length("lq", lq), _check_length("lk", lk)
+    is_causal = check_flag("causal", causal)
+    sizes = normalize_window(window)
+    if sizes is None:
+        msg = "expected window to be a non-negative int or a pair of them, got None"
+        raise ValueError(msg)
+    offset = _offset(lq, lk, align)
     ns = resolve_namespace(xp)
-    s = Structure(
-        lq, lk, _offset(lq, lk, align), causal=bool(causal), window=normalize_window(window)
-    )
+    s = Structure(lq, lk, offset, causal=is_causal, window=_clamp_window(sizes, lq, lk))
     return s.tile(0, lq, 0, lk, xp=ns, device=device)
 
 

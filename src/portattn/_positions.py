@@ -12,12 +12,20 @@ compute dtype (float64 stays float64, float16/bfloat16 use float32).
 
 from __future__ import annotations
 
-import math
+import numbers
 from typing import Literal
 
 import numpy as np
 
-from ._lib._checks import broadcast_shapes, check_floating, dtype_name
+from ._lib._checks import (
+    broadcast_shapes,
+    check_dtype,
+    check_floating,
+    check_int,
+    check_real,
+    dtype_name,
+    shown,
+)
 from ._lib._compat import array_namespace, device_of, resolve_namespace
 from ._lib._precision import compute_dtype, narrow
 from ._lib._typing import Array, Device, DType, Namespace
@@ -29,22 +37,15 @@ _LAYOUTS = ("half", "interleaved")
 
 
 def _check_even(name: str, d: object) -> int:
-    if isinstance(d, bool) or not isinstance(d, int) or d < 2 or d % 2:
-        msg = (
-            f"expected {name} to be a positive even int (features come in sin/cos pairs), got {d!r}"
-        )
+    n = check_int(name, d, minimum=2)
+    if n % 2:
+        msg = f"expected {name} to be a positive even int (features come in sin/cos pairs), got {n}"
         raise ValueError(msg)
-    return d
+    return n
 
 
 def _check_base(base: object) -> float:
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base):
-        msg = f"expected base to be a finite number > 1, got {base!r}"
-        raise ValueError(msg)
-    if base <= 1:
-        msg = f"expected base to be a finite number > 1, got {base!r}"
-        raise ValueError(msg)
-    return float(base)
+    return check_real("base", base, above=1.0)
 
 
 def _inverse_frequencies(
@@ -52,9 +53,9 @@ def _inverse_frequencies(
 ) -> Array:
     """``base ** (-2i/d)`` for ``i = 0 .. d/2 - 1``, from float64 NumPy."""
     inv = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
-    if dtype == xp.float64:
-        return xp.asarray(inv, dtype=xp.float64, device=device)
-    return xp.asarray(inv.astype(np.float32), dtype=xp.float32, device=device)
+    if dtype == xp.float32:
+        return xp.asarray(inv.astype(np.float32), dtype=xp.float32, device=device)
+    return xp.asarray(inv, dtype=dtype, device=device)  # float64 (or a wider NumPy float)
 
 
 def _angles(positions: Array, d: int, base: float, *, xp: Namespace, work: DType) -> Array:
@@ -130,20 +131,22 @@ def sinusoidal_encoding(
     if isinstance(positions, bool):
         msg = f"expected positions to be an int length or an array, got {positions!r}"
         raise TypeError(msg)
-    if isinstance(positions, int):
-        if positions < 0:
-            msg = f"expected positions to be a non-negative length, got {positions}"
+    if isinstance(positions, numbers.Integral):
+        n = int(positions)
+        if n < 0:
+            msg = f"expected positions to be a non-negative length, got {n}"
             raise ValueError(msg)
         ns = resolve_namespace(xp)
-        pos = ns.arange(positions, dtype=ns.int64, device=device)
+        target = ns.float32 if dtype is None else check_dtype("dtype", dtype, xp=ns)
+        pos = ns.arange(n, dtype=ns.int64, device=device)
     else:
+        if isinstance(positions, (numbers.Number, str)) or positions is None:
+            msg = f"expected positions to be an int length or an array, got {shown(positions)}"
+            raise TypeError(msg)
         ns = array_namespace(positions)
         _check_positions(positions, xp=ns)
+        target = ns.float32 if dtype is None else check_dtype("dtype", dtype, xp=ns)
         pos = positions
-    target = ns.float32 if dtype is None else dtype
-    if not ns.isdtype(target, "real floating"):
-        msg = f"expected dtype to be a real floating dtype, got {dtype_name(target)}"
-        raise TypeError(msg)
     work = compute_dtype(target, xp=ns)
     ang = _angles(pos, d, b, xp=ns, work=work)  # (..., L, d/2)
     pe = ns.stack((ns.sin(ang), ns.cos(ang)), axis=-1)  # (..., L, d/2, 2)
@@ -162,12 +165,10 @@ def rope_positions(
     >>> pa.rope_positions(3, offset=5).tolist()
     [5, 6, 7]
     """
-    for name, n in (("length", length), ("offset", offset)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            msg = f"expected {name} to be a non-negative int, got {n!r}"
-            raise ValueError(msg)
+    n = check_int("length", length, minimum=0)
+    start = check_int("offset", offset, minimum=0)
     ns = resolve_namespace(xp)
-    return ns.arange(offset, offset + length, dtype=ns.int64, device=device)
+    return ns.arange(start, start + n, dtype=ns.int64, device=device)
 
 
 def apply_rope(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+import numbers
 
-from ._lib._checks import check_floating
+from ._lib._checks import check_floating, shown
 from ._lib._compat import array_namespace
 from ._lib._precision import compute_dtype, narrow
 from ._lib._typing import Array, Namespace
@@ -73,9 +74,14 @@ def lse_from(row_max: Array, total: Array, *, xp: Namespace) -> Array:
 def softmax(x: Array, /, *, axis: int = -1) -> Array:
     """Numerically stable softmax along ``axis``.
 
-    The row maximum is subtracted before exponentiating, so no finite input
-    overflows. A slice that is entirely ``-inf`` (nothing to attend to) gives
-    zeros rather than NaN, and no floating-point warning fires.
+    The row maximum is subtracted before exponentiating, and entries so far
+    below it that their weight is below the smallest normal number are set
+    to exactly 0 *before* the subtraction, so every finite input is in
+    range, the extremes of the dtype included (``[3.4e38, -3.4e38]`` in
+    float32 gives ``[1, 0]``), and no floating-point flag is raised. A slice
+    that is entirely ``-inf`` (nothing to attend to) gives zeros rather than
+    NaN. A slice holding ``+inf`` or NaN comes out all NaN: it has no
+    meaningful softmax, and NaN says so rather than a plausible number.
     float16 and bfloat16 inputs are computed in float32 and cast back.
 
     Parameters
@@ -83,7 +89,8 @@ def softmax(x: Array, /, *, axis: int = -1) -> Array:
     x : array
         Real floating array.
     axis : int, optional
-        Axis to normalise over. Default: the last.
+        Axis to normalise over, any integer (``np.int64`` too). Default: the
+        last.
 
     Returns
     -------
@@ -101,9 +108,14 @@ def softmax(x: Array, /, *, axis: int = -1) -> Array:
     """
     xp = array_namespace(x)
     check_floating("x", x, xp=xp)
-    if not isinstance(axis, int) or isinstance(axis, bool) or not -x.ndim <= axis < x.ndim:
-        msg = f"expected axis to be an int in [{-x.ndim}, {x.ndim}), got {axis!r}"
+    if (
+        not isinstance(axis, numbers.Integral)
+        or isinstance(axis, bool)
+        or not -x.ndim <= int(axis) < x.ndim
+    ):
+        msg = f"expected axis to be an int in [{-x.ndim}, {x.ndim}), got {shown(axis)}"
         raise ValueError(msg)
+    axis = int(axis)
     dtype = x.dtype
     work = xp.astype(x, compute_dtype(dtype, xp=xp), copy=False)
     if x.shape[axis] == 0:
@@ -111,7 +123,27 @@ def softmax(x: Array, /, *, axis: int = -1) -> Array:
     moved = axis not in (-1, x.ndim - 1)
     if moved:
         work = xp.moveaxis(work, axis, -1)
-    weights, _, _ = masked_softmax(work, None, xp=xp)  # -inf entries are allowed here
+    weights = _safe_softmax(work, xp=xp)
     if moved:
         weights = xp.moveaxis(weights, -1, axis)
     return narrow(weights, dtype, xp=xp)
+
+
+def _safe_softmax(x: Array, *, xp: Namespace) -> Array:
+    """Softmax over the last axis in which ``x - max`` is never formed where it could overflow.
+
+    An entry below ``max + floor`` gets weight exactly 0 and is replaced by
+    the max before subtracting, so the subtraction only ever sees pairs
+    within ``-floor`` of each other (``max + floor`` itself is in range for
+    any finite max: it only rounds).
+    """
+    floor = exp_floor(x.dtype, xp=xp)
+    row_max = xp.max(x, axis=-1, keepdims=True)
+    shift = xp.where(xp.isinf(row_max), 0.0, row_max)  # an all -inf slice: shift by 0
+    keep = x >= shift + floor
+    e = xp.where(keep, xp.exp(xp.where(keep, x, shift) - shift), 0.0)
+    total = xp.sum(e, axis=-1, keepdims=True)
+    total = xp.where(total > 0, total, 1.0)
+    # A slice whose max is +inf or NaN holds +inf or NaN: make all of it NaN.
+    poisoned = xp.logical_not(xp.logical_or(xp.isfinite(row_max), row_max == -math.inf))
+    return e / xp.where(poisoned, math.nan, total)

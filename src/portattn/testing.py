@@ -7,24 +7,47 @@ cannot pass because both sides were silently NumPy.
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Sequence
+
 import numpy as np
 
-from ._lib._checks import dtype_name
-from ._lib._compat import array_namespace, device_of, resolve_namespace
+from ._lib._checks import check_real, dtype_name, shown
+from ._lib._compat import array_namespace, device_of, is_array_api_obj, resolve_namespace
 from ._lib._convert import to_numpy
 from ._lib._typing import Array, Device, DType, Namespace
 
 __all__ = ["assert_close", "max_relative_error", "to_numpy"]
 
 
+def _reference(name: str, x: object) -> np.ndarray:
+    """An array from any library, or nested lists / numbers, as a NumPy array."""
+    if is_array_api_obj(x):
+        return to_numpy(x)
+    if isinstance(x, (numbers.Real, Sequence)) and not isinstance(x, (str, bytes, bool)):
+        try:
+            ref = np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError):
+            pass
+        else:
+            if not isinstance(x, np.ma.MaskedArray):
+                return ref
+    msg = (
+        f"expected {name} to be an array, a (nested) list of real numbers or a real number, "
+        f"got {shown(x)}"
+    )
+    raise TypeError(msg)
+
+
 def max_relative_error(actual: Array, desired: Array) -> float:
     """``max |a - d| / max(max |d|, tiny)``, computed in float64 NumPy.
 
     Normalising by the largest reference magnitude (not elementwise) keeps
-    entries that are near zero by cancellation from dominating.
+    entries that are near zero by cancellation from dominating. Either
+    argument may be an array from any library or a (nested) list of numbers.
     """
-    a = to_numpy(actual).astype(np.float64)
-    d = to_numpy(desired).astype(np.float64)
+    a = _reference("actual", actual).astype(np.float64)
+    d = _reference("desired", desired).astype(np.float64)
     if a.shape != d.shape:
         msg = f"shapes differ: {a.shape} vs {d.shape}"
         raise AssertionError(msg)
@@ -51,10 +74,22 @@ def assert_close(
     ----------
     actual : array
         The result under test.
-    desired : array
-        Reference values, from any library (often float64 NumPy).
+    desired : array or nested list of numbers
+        Reference values, from any library (often float64 NumPy), or a
+        plain list such as ``[1.0, 2.0]``.
     rtol : float
-        Bound on :func:`max_relative_error`.
+        Bound on :func:`max_relative_error`, a real number >= 0.
+
+    Raises
+    ------
+    AssertionError
+        ``actual`` is not where it should be, or not close enough.
+    TypeError
+        ``actual`` is not an array (it is the result under test, so a list
+        there means the code under test returned the wrong kind of object),
+        or ``desired`` is neither an array nor numbers.
+    ValueError
+        ``rtol`` is not a finite real number >= 0.
     xp, dtype, device, shape : optional
         When given, ``actual`` must have exactly this namespace, dtype,
         device and shape; ``shape`` defaults to ``desired``'s shape.
@@ -66,6 +101,11 @@ def assert_close(
     >>> from portattn.testing import assert_close
     >>> assert_close(xp.asarray([1.0, 2.0]), np.array([1.0, 2.0]), rtol=0, xp=xp)
     """
+    if not is_array_api_obj(actual):
+        msg = f"expected actual to be an array from an array API library, got {shown(actual)}"
+        raise TypeError(msg)
+    tol = check_real("rtol", rtol, minimum=0.0)
+    ref = _reference("desired", desired)
     got_xp = array_namespace(actual)
     if xp is not None and got_xp is not resolve_namespace(xp):
         msg = f"expected an array from {xp.__name__}, got one from {got_xp.__name__}"
@@ -78,7 +118,7 @@ def assert_close(
         if got != device:
             msg = f"expected device {device}, got {got}"
             raise AssertionError(msg)
-    want_shape = tuple(desired.shape) if shape is None else tuple(shape)
+    want_shape = tuple(ref.shape) if shape is None else tuple(shape)
     if tuple(actual.shape) != want_shape:
         msg = f"expected shape {want_shape}, got {tuple(actual.shape)}"
         raise AssertionError(msg)
@@ -86,9 +126,9 @@ def assert_close(
     if a.dtype.kind == "f" and np.isnan(a).any():
         msg = "result contains NaN"
         raise AssertionError(msg)
-    err = max_relative_error(actual, desired)
-    if not err <= rtol:
-        msg = f"max relative error {err:.3e} exceeds rtol {rtol:.1e}"
+    err = max_relative_error(a, ref)
+    if not err <= tol:
+        msg = f"max relative error {err:.3e} exceeds rtol {tol:.1e}"
         raise AssertionError(msg)
 
 

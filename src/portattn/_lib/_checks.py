@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Sequence
 
 from ._compat import device_of
@@ -12,16 +13,19 @@ from ._typing import Array, Device, DType, Namespace
 __all__ = [
     "broadcast_shapes",
     "check_bool",
+    "check_dtype",
     "check_finite_scale",
     "check_flag",
     "check_floating",
     "check_int",
+    "check_int_pair",
     "check_known_shape",
     "check_rank",
+    "check_real",
     "check_same_device",
     "dtype_name",
     "has_kind",
-    "int_pair",
+    "shown",
 ]
 
 
@@ -113,7 +117,7 @@ def check_same_device(named: Sequence[tuple[str, Array | None]]) -> Device:
 def check_finite_scale(scale: object, *, name: str = "scale") -> float:
     """Validate a real option such as ``scale=`` and return it as a Python float."""
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        msg = f"expected {name} to be a finite real number or None, got {type(scale).__name__}"
+        msg = f"expected {name} to be a finite real number or None, got {shown(scale)}"
         raise ValueError(msg)
     value = float(scale)
     if not math.isfinite(value):
@@ -149,43 +153,120 @@ def broadcast_shapes(named: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[int,
     return result
 
 
-def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
-    """``value`` as a Python int: any ``numbers.Integral`` but bool, at least ``minimum``.
+# --- Python-level options ----------------------------------------------------
+#
+# One helper per idea. Every option that means an int accepts any
+# numbers.Integral (np.int64 included) and every option that means a float any
+# numbers.Real (np.float32 included); bool is refused everywhere, because
+# True == 1 would otherwise slip through as a size. A wrong option raises
+# ValueError naming the option, what was expected and what was received,
+# whatever its type, as portattn's options always have.
 
-    Options of the wrong kind raise ValueError, like every option check here
-    (``scale``, ``causal``, ``window``); TypeError is kept for arrays.
-    """
+
+def shown(value: object) -> str:
+    """How a received value appears in a message: its repr (shortened), typed when ambiguous."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    if isinstance(value, (bool, int, float, str, tuple, list)) or value is None:
+        return text
+    return f"{type(value).__name__} {text}"
+
+
+def _int_phrase(minimum: int | None) -> str:
+    if minimum is None:
+        return "an int"
+    if minimum == 0:
+        return "a non-negative int"
+    if minimum == 1:
+        return "a positive int"
+    return f"an int >= {minimum}"
+
+
+def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
+    """``value`` as a Python int: any ``numbers.Integral`` but bool, at least ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        bound = "" if minimum is None else f" >= {minimum}"
-        msg = f"expected {name} to be an int{bound}, got {type(value).__name__} {value!r}"
+        msg = f"expected {name} to be {_int_phrase(minimum)}, got {shown(value)}"
         raise ValueError(msg)
     n = int(value)
     if minimum is not None and n < minimum:
-        msg = f"expected {name} to be an int >= {minimum}, got {n}"
+        msg = f"expected {name} to be {_int_phrase(minimum)}, got {n}"
         raise ValueError(msg)
     return n
 
 
-def int_pair(name: str, value: object, *, minimum: int) -> tuple[int, int]:
-    """``n`` or ``(a, b)`` as a pair of Python ints, each at least ``minimum``."""
-    if isinstance(value, tuple | list):
-        if len(value) != 2:
-            msg = f"expected {name} to be an int or a pair of ints, got {value!r}"
-            raise ValueError(msg)
-        return check_int(name, value[0], minimum=minimum), check_int(
-            name, value[1], minimum=minimum
-        )
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        got = f"{type(value).__name__} {value!r}"
-        msg = f"expected {name} to be an int or a pair of ints, got {got}"
+def check_real(
+    name: str, value: object, *, minimum: float | None = None, above: float | None = None
+) -> float:
+    """``value`` as a finite Python float: any ``numbers.Real`` but bool.
+
+    ``minimum`` is an inclusive bound, ``above`` an exclusive one.
+    """
+    want = "a finite real number"
+    if minimum is not None:
+        want += f" >= {minimum:g}"
+    if above is not None:
+        want += f" > {above:g}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        msg = f"expected {name} to be {want}, got {shown(value)}"
         raise ValueError(msg)
-    n = check_int(name, value, minimum=minimum)
-    return n, n
+    x = float(value)
+    if (
+        not math.isfinite(x)
+        or (minimum is not None and x < minimum)
+        or (above is not None and x <= above)
+    ):
+        msg = f"expected {name} to be {want}, got {shown(value)}"
+        raise ValueError(msg)
+    return x
+
+
+def check_int_pair(name: str, value: object, *, minimum: int | None = None) -> tuple[int, int]:
+    """An int ``n`` (meaning ``(n, n)``) or a tuple of two ints, each at least ``minimum``."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        n = check_int(name, value, minimum=minimum)
+        return n, n
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        pair = [v for v in value if isinstance(v, numbers.Integral) and not isinstance(v, bool)]
+        if len(pair) == 2 and (minimum is None or all(int(v) >= minimum for v in pair)):
+            return int(pair[0]), int(pair[1])
+    msg = f"expected {name} to be {_int_phrase(minimum)} or a pair of them, got {shown(value)}"
+    raise ValueError(msg)
 
 
 def check_flag(name: str, value: object) -> bool:
-    """A real ``bool`` (NumPy's ``bool_`` too); ``"no"`` or ``0`` are refused, never guessed."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    """``value`` as a bool: True, False or a NumPy bool; never a truthy stand-in like 1 or "no"."""
+    if isinstance(value, bool):
+        return value
+    if type(value).__name__ == "bool" and type(value).__module__ == "numpy":  # np.bool_
         return bool(value)
-    msg = f"expected {name} to be True or False, got {type(value).__name__} {value!r}"
+    msg = f"expected {name} to be True or False, got {shown(value)}"
     raise ValueError(msg)
+
+
+def check_dtype(name: str, dtype: object, *, xp: Namespace, kind: str = "real floating") -> DType:
+    """Raise TypeError unless ``dtype`` is a dtype of ``xp`` of this kind; return it.
+
+    Strings (``"float32"``), ``None`` and another library's dtype objects are
+    refused here rather than failing inside the library.
+    """
+    lib = xp.__name__.removeprefix("array_api_compat.")
+    ok = False
+    if not isinstance(dtype, str) and dtype is not None:
+        try:
+            with warnings.catch_warnings():  # numpy warns when handed a foreign dtype
+                warnings.simplefilter("ignore")
+                ok = bool(xp.isdtype(dtype, kind))
+        except Exception:  # each library fails differently on a foreign object
+            ok = False
+    if not ok:
+        shown_dtype = dtype_name(dtype) if not isinstance(dtype, str) else repr(dtype)
+        owner = dtype if isinstance(dtype, type) else type(dtype)
+        mod = owner.__module__.split(".", 1)[0]
+        origin = "" if isinstance(dtype, str) or dtype is None else f" (from {mod})"
+        msg = (
+            f"expected {name} to be a {kind} dtype of {lib}, such as {lib}.float32, "
+            f"got {shown_dtype}{origin}"
+        )
+        raise TypeError(msg)
+    return dtype

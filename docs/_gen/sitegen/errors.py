@@ -1,0 +1,149 @@
+"""The bad-input table: every case is called while the site builds, and what it raised is shown.
+
+Nothing in the table is typed by hand except the calls themselves: the
+exception type and message come from running each call against the portattn
+being documented. A case that no longer raises fails the build, so the table
+can never show an error the library stopped giving.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+from dataclasses import dataclass
+
+__all__ = ["CASES", "Case", "Outcome", "errors_markdown", "run_case", "setup_markdown"]
+
+# Run once before every case; the names it defines are the ones the calls use.
+SETUP = """\
+import numpy as np
+import portattn as pa
+q = np.ones((2, 4, 3)); k = np.ones((2, 5, 3)); v = np.ones((2, 5, 6))
+x = np.ones((4, 4), dtype=np.float32)
+"""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad call: the section it belongs to and the code, exactly as run."""
+
+    section: str
+    code: str
+    needs: str | None = None  # a library the call imports, when not numpy
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a case did: the exception's type and message, or why it was not run."""
+
+    case: Case
+    kind: str
+    message: str
+
+
+CASES: tuple[Case, ...] = (
+    # attention: the arrays
+    Case("attention", "pa.attention(q.astype(int), k, v)"),
+    Case("attention", "pa.attention(q[0, 0], k, v)"),
+    Case("attention", "pa.attention(q, np.ones((2, 5, 4)), v)"),
+    Case("attention", "pa.attention(q, k, np.ones((2, 6, 6)))"),
+    Case("attention", "pa.attention(q, k, v, mask=np.ones((4, 5)))"),
+    Case("attention", "pa.attention(q, k, v, mask=np.ones((4, 6), dtype=bool))"),
+    Case("attention", "pa.attention(q, k, v, bias=np.ones((4, 5), dtype=bool))"),
+    Case("attention", "pa.attention(q, k, v, key_lengths=np.array([3.0, 4.0]))"),
+    # attention: the options
+    Case("attention options", "pa.attention(q, k, v, causal=True)"),
+    Case("attention options", "pa.attention(q, q, q, causal=1)"),
+    Case("attention options", "pa.attention(q, q, q, causal='lower')"),
+    Case("attention options", "pa.attention(q, q, q, window=True)"),
+    Case("attention options", "pa.attention(q, q, q, window=(2, -1))"),
+    Case("attention options", "pa.attention(q, q, q, window=1.5)"),
+    Case("attention options", "pa.attention(q, k, v, window=2)"),
+    Case("attention options", "pa.attention(q, k, v, scale='0.5')"),
+    Case("attention options", "pa.attention(q, k, v, scale=float('nan'))"),
+    Case("attention options", "pa.attention(q, k, v, impl='fast')"),
+    # position masks
+    Case("masks", "pa.causal_mask(-1, 3)"),
+    Case("masks", "pa.causal_mask(2, 3, align='middle')"),
+    Case("masks", "pa.window_mask(3, 3, window=1, causal='no')"),
+    Case("masks", "pa.window_mask(3, 3, window=True)"),
+    # softmax
+    Case("softmax", "pa.softmax(np.arange(3))"),
+    Case("softmax", "pa.softmax(x, axis=2)"),
+    Case("softmax", "pa.softmax(x, axis=1.0)"),
+    # linear attention
+    Case("linear attention", "pa.linear_attention(x, x, x, causal=1)"),
+    Case("linear attention", "pa.linear_attention(x, x, x, chunk_size=0)"),
+    Case("linear attention", "pa.linear_attention(x, x, x, eps=-1)"),
+    Case("linear attention", "pa.linear_attention_step(x[0], x[0], x[0], (1, 2))"),
+    Case(
+        "linear attention",
+        "pa.linear_attention_step(x[0], x[0], x[0], "
+        "pa.LinearAttentionState(np.zeros((4, 3)), np.zeros(4)))",
+    ),
+    # merging
+    Case("merge_attention", "pa.merge_attention(3, [np.zeros(4)])"),
+    Case("merge_attention", "pa.merge_attention([np.zeros((4, 2))], [np.zeros(4)] * 2)"),
+    Case("merge_attention", "pa.merge_attention([np.zeros((4, 2))], [np.zeros(3)])"),
+    # the KV cache
+    Case("KVCache", "pa.KVCache(2, 4, dtype='float32')"),
+    Case("KVCache", "pa.KVCache(2, 4, xp=torch, dtype=np.float32)", needs="torch"),
+    Case("KVCache", "pa.KVCache(2, 4, capacity=-1)"),
+    Case("KVCache", "pa.KVCache(0, 4)"),
+    Case(
+        "KVCache",
+        "pa.KVCache(1, 4, capacity=1).append(x[None, :2], x[None, :2])",
+    ),
+    Case("KVCache", "pa.KVCache(1, 4).append(np.ones((1, 1, 4)), np.ones((1, 1, 4)))"),
+    # positions
+    Case("positions", "pa.sinusoidal_encoding(4, 5)"),
+    Case("positions", "pa.sinusoidal_encoding(4, 4, base=1)"),
+    Case("positions", "pa.sinusoidal_encoding(4, 4, dtype=torch.float32)", needs="torch"),
+    Case("positions", "pa.apply_rope(x, layout='pairs')"),
+    Case("positions", "pa.rope_positions(-1)"),
+    # heads
+    Case("Head and MultiHeadAttention", "pa.Head.random(0, 2)"),
+    # testing helpers
+    Case("testing", "pa.testing.assert_close([1.0, 2.0], np.array([1.0, 2.0]), rtol=0)"),
+    Case("testing", "pa.testing.assert_close(np.ones(2), np.ones(2), rtol='0')"),
+)
+
+
+def run_case(case: Case) -> Outcome:
+    """Run ``case`` in a fresh namespace; raise if it does not raise TypeError or ValueError."""
+    env: dict[str, object] = {}
+    exec(SETUP, env)  # the code is this module's own table
+    importlib.import_module("portattn.testing")
+    if case.needs is not None:
+        try:
+            env[case.needs] = importlib.import_module(case.needs)
+        except ImportError as exc:
+            return Outcome(case, "not run", f"{case.needs} is not installed in this build ({exc})")
+    try:
+        exec(case.code, env)
+    except (TypeError, ValueError) as exc:
+        return Outcome(case, type(exc).__name__, str(exc))
+    msg = f"bad-input case {case.code!r} no longer raises: update docs/_gen/sitegen/errors.py"
+    raise RuntimeError(msg)
+
+
+def _cell(text: str) -> str:
+    return html.escape(text).replace("|", "&#124;").replace("\n", " ")
+
+
+def errors_markdown() -> str:
+    """The table, one section per part of the API, as Markdown."""
+    out: list[str] = []
+    section = None
+    for case in CASES:
+        got = run_case(case)
+        if case.section != section:
+            section = case.section
+            out += ["", f"### {section}", "", "| Input | Exception | Message |", "|---|---|---|"]
+        out.append(f"| <code>{_cell(case.code)}</code> | {got.kind} | {_cell(got.message)} |")
+    return "\n".join(out).strip() + "\n"
+
+
+def setup_markdown() -> str:
+    """The setup every case runs after, as a code block."""
+    return "```python\n" + SETUP + "```\n"
