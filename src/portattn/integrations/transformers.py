@@ -426,7 +426,7 @@ def tiny_model(arch: str, *, attn_implementation: str, seed: int = 0) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m portattn hf``: a tiny random model's last-layer attention, as heatmaps."""
-    from ..__main__ import heatmap
+    from .._terminal import heatmap
 
     parser = argparse.ArgumentParser(
         prog="python -m portattn hf",
