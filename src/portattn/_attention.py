@@ -18,7 +18,7 @@ from ._lib._precision import narrow
 from ._lib._typing import Array, Namespace
 from ._masks import Causal
 from ._materialize import materialize_attention, materialize_weights
-from ._native import native_attention
+from ._native import auto_delegates, native_attention
 from ._problem import Problem, prepare
 
 __all__ = ["Impl", "attention", "attention_weights", "solve", "solve_weights"]
@@ -91,8 +91,20 @@ def attention(
         ``"materialize"`` forms the (..., Lq, Lk) score matrix;
         ``"blockwise"`` streams over key blocks with an online softmax in
         O(Lq + Lk) extra memory and skips blocks that ``causal``/``window``
-        hide; ``"auto"`` (default) picks by size; ``"native"`` delegates to
-        the library's fused kernel where the arguments map exactly.
+        hide; ``"native"`` delegates to the library's fused kernel where the
+        arguments map exactly and raises :class:`NotImplementedError` where
+        they do not. ``"auto"`` (default) takes ``"native"`` wherever the
+        kernel computes exactly what the generic paths compute and needs no
+        more memory than they would: on torch (its
+        ``scaled_dot_product_attention``), without ``softcap`` and without
+        ``return_lse``, and with no position mask larger than the generic
+        path's own working memory (plain, top-left ``causal`` and
+        ``key_lengths`` always qualify; other masks only for small calls).
+        Otherwise, and on every other library, it materialises below
+        256 × 256 (query, key) pairs per batch entry and goes blockwise
+        above. JAX is left on the generic paths: the default
+        ``jax.nn.dot_product_attention`` is XLA's composition of the same
+        operations, not a fused kernel, and is slower eagerly.
         Every option is validated whichever path runs.
     block_size : int or (int, int), optional
         ``(query_block, key_block)`` for the blockwise path.
@@ -177,13 +189,15 @@ def solve(
     sizes = None if block_size is None else check_int_pair("block_size", block_size, minimum=1)
     want_lse = check_flag("return_lse", return_lse)
     lse: Array | None
+    if impl == "auto" and not is_dask_namespace(xp):
+        impl = _auto(p, want_lse=want_lse, xp=xp)
     if is_dask_namespace(xp):
         from ._dask import dask_attention  # dask is optional: imported for dask arrays only
 
         out, lse = dask_attention(p, impl=impl, block_size=sizes, return_lse=want_lse)
     elif impl == "native":
         out, lse = native_attention(p, return_lse=want_lse, xp=xp)
-    elif impl == "blockwise" or (impl == "auto" and p.lq * p.lk > _AUTO_MATERIALIZE_MAX_PAIRS):
+    elif impl == "blockwise":
         out, lse = blockwise_attention(p, block_size=sizes, xp=xp)
     else:
         out, lse = materialize_attention(p, want_lse=want_lse, xp=xp)
@@ -192,6 +206,15 @@ def solve(
         assert lse is not None
         return out, lse
     return out
+
+
+def _auto(p: Problem, *, want_lse: bool, xp: Namespace) -> str:
+    """The path ``impl="auto"`` takes (the rule is spelled out in :func:`attention`)."""
+    if auto_delegates(
+        p, return_lse=want_lse, materialize_max_pairs=_AUTO_MATERIALIZE_MAX_PAIRS, xp=xp
+    ):
+        return "native"
+    return "blockwise" if p.lq * p.lk > _AUTO_MATERIALIZE_MAX_PAIRS else "materialize"
 
 
 def attention_weights(

@@ -13,7 +13,15 @@ compute dtype (float32 for half types), and every position-derived mask
 boolean mask, so alignment is decided by portattn and never by the kernel's
 own convention. Rows that see no key are set to 0 afterwards, whatever the
 kernel made of them (NaN, uniform weights, ...). What does not map raises
-:class:`NotImplementedError` naming it; the generic paths stay the reference.
+:class:`NotImplementedError` naming it (:func:`refusal`); the generic paths
+stay the reference.
+
+torch gets 4-D tensors, ``(batch, heads, L, d)``: its fused CPU kernel takes
+nothing else, and any other rank falls back to the math kernel, which forms
+the whole score matrix. Masks keep their own (broadcastable) shape, so a
+mask shared by every head is handed over once, not once per head.
+
+:func:`auto_delegates` is ``impl="auto"``'s rule for taking this path.
 """
 
 from __future__ import annotations
@@ -24,38 +32,79 @@ from ._lib._compat import namespace_library
 from ._lib._typing import Array, Namespace
 from ._problem import Problem, empty_result
 
-__all__ = ["native_attention"]
+__all__ = ["auto_delegates", "native_attention", "refusal"]
 
 
-def native_attention(p: Problem, *, return_lse: bool, xp: Namespace) -> tuple[Array, Array | None]:
-    """Output (..., Lq, dv) of ``p`` from the library's fused kernel; lse is never available."""
+def refusal(p: Problem, *, return_lse: bool, xp: Namespace) -> str | None:
+    """Why ``impl="native"`` cannot compute ``p`` exactly, or ``None`` when it can."""
     lib = namespace_library(xp)
     if lib not in ("torch", "jax"):
-        msg = (
+        return (
             f"impl='native' delegates to torch.nn.functional.scaled_dot_product_attention "
             f"or jax.nn.dot_product_attention, and {xp.__name__} has neither; "
             "use impl='auto', 'blockwise' or 'materialize'"
         )
-        raise NotImplementedError(msg)
     if return_lse:
-        msg = (
+        return (
             f"impl='native' cannot return the log-sum-exp on {lib}: its public attention "
             "kernel does not expose it; use impl='blockwise' or 'materialize' with return_lse=True"
         )
-        raise NotImplementedError(msg)
     if p.softcap is not None:
-        msg = (
+        return (
             f"impl='native' cannot soft-cap scores on {lib}: its fused kernel has no softcap; "
             "use impl='auto', 'blockwise' or 'materialize'"
         )
-        raise NotImplementedError(msg)
-    if p.lk == 0 or p.lq == 0:
-        out, _ = empty_result(p, xp=xp)
-        return out, None
-    # Plain top-left causal is the kernels' own is_causal (never a fully
-    # hidden row, and no (Lq, Lk) mask to build); anything else is one mask.
+    if lib == "jax" and p.lq > 0 and p.lk > 0:
+        if p.q.dtype == xp.float64:
+            return (
+                "impl='native' on JAX cannot keep float64: jax.nn.dot_product_attention "
+                "computes its softmax in float32; use impl='auto' for float64"
+            )
+        if p.q.shape[-1] != p.dv:
+            return (
+                "impl='native' on JAX needs value's feature size to equal query's "
+                f"(jax.nn.dot_product_attention requires it), got d={p.q.shape[-1]} and "
+                f"dv={p.dv}; use impl='auto'"
+            )
+    return None
+
+
+def auto_delegates(
+    p: Problem, *, return_lse: bool, materialize_max_pairs: int, xp: Namespace
+) -> bool:
+    """``impl="auto"``'s rule: take the fused kernel where it is exact and costs no extra memory.
+
+    - Only torch: :func:`jax.nn.dot_product_attention`'s default
+      implementation is XLA's own composition of the same operations, not a
+      fused kernel: it forms the whole (..., Lq, Lk) score matrix, and eagerly
+      it costs about 28 ms per call at 6 tokens (jax 0.10 CPU), against about
+      2 ms for the materialising path.
+    - Only where :func:`refusal` has nothing to say (no ``softcap``, no
+      ``return_lse``, ...).
+    - Only where the mask the kernel must be given holds no more elements
+      than the generic path auto would otherwise run allocates: plain and
+      top-left causal calls need none (the kernel's own ``is_causal``); a
+      key-length mask is one row per batch entry; any other position mask is
+      (Lq, Lk), which is as much as materialising costs for small calls but
+      more than the blockwise path needs for long ones.
+    """
+    if namespace_library(xp) != "torch" or refusal(p, return_lse=return_lse, xp=xp) is not None:
+        return False
+    if p.lq == 0 or p.lk == 0 or _kernel_causal(p):
+        return True
+    pairs = p.lq * p.lk
+    batch = math.prod(p.batch)
+    if pairs <= materialize_max_pairs:
+        budget = batch * pairs  # what the materialising path's score matrix holds
+    else:
+        budget = batch * (p.lq + 2 * p.lk) * p.q.shape[-1]  # q, k, v: blockwise's scale
+    return _mask_elements(p) <= budget
+
+
+def _kernel_causal(p: Problem) -> bool:
+    """Plain top-left causal: the kernels' own ``is_causal``, with no mask to build."""
     s = p.structure
-    is_causal = (
+    return (
         s.causal
         and s.offset == 0
         and s.window is None
@@ -64,85 +113,126 @@ def native_attention(p: Problem, *, return_lse: bool, xp: Namespace) -> tuple[Ar
         and p.key_lengths is None
         and p.query_lengths is None
     )
-    allowed = None if is_causal else p.allowed(0, p.lq, 0, p.lk, xp=xp)  # (..., Lq, Lk) | None
+
+
+def _mask_elements(p: Problem) -> int:
+    """Elements of the mask (or masked bias) :func:`native_attention` hands the kernel."""
+    shapes: list[tuple[int, ...]] = []
+    if not p.structure.trivial:
+        shapes.append((p.lq, p.lk))
+    for x in (p.mask, p.bias):
+        if x is not None:
+            shapes.append(tuple(x.shape))
+    if p.key_lengths is not None:
+        shapes.append((*p.key_lengths.shape, 1, p.lk))
+    if p.query_lengths is not None:
+        shapes.append((*p.query_lengths.shape, p.lq, 1))
+    if not shapes or (p.bias is not None and len(shapes) == 1):
+        return 0  # nothing, or the caller's own bias as it is
+    ndim = max(len(s) for s in shapes)
+    padded = [(1,) * (ndim - len(s)) + s for s in shapes]
+    return math.prod(max(sizes) for sizes in zip(*padded, strict=True))
+
+
+def native_attention(p: Problem, *, return_lse: bool, xp: Namespace) -> tuple[Array, Array | None]:
+    """Output (..., Lq, dv) of ``p`` from the library's fused kernel; lse is never available."""
+    why = refusal(p, return_lse=return_lse, xp=xp)
+    if why is not None:
+        raise NotImplementedError(why)
+    if p.lk == 0 or p.lq == 0:
+        out, _ = empty_result(p, xp=xp)
+        return out, None
+    is_causal = _kernel_causal(p)
+    allowed = None if is_causal else p.allowed(0, p.lq, 0, p.lk, xp=xp)  # (..., Lq|1, Lk|1) | None
     bias = p.bias_tile(0, p.lq, 0, p.lk)
-    shape = (*p.batch, p.lq, p.lk)
-    q = xp.broadcast_to(p.q, (*p.batch, p.lq, p.q.shape[-1]))
-    k = xp.broadcast_to(p.k, (*p.batch, p.lk, p.k.shape[-1]))
-    v = xp.broadcast_to(p.v, (*p.batch, p.lk, p.dv))
-    if allowed is not None:
-        allowed = xp.broadcast_to(allowed, shape)
-    if bias is not None:
-        bias = xp.broadcast_to(bias, shape)
-    if lib == "torch":
-        out = _torch(q, k, v, allowed, bias, is_causal=is_causal)
+    if namespace_library(xp) == "torch":
+        out = _torch(p, allowed, bias, is_causal=is_causal, xp=xp)
     else:
-        out = _jax(q, k, v, allowed, bias, is_causal=is_causal, xp=xp)
-    # Rows that see nothing are 0 by portattn's contract; kernels differ here
-    # (torch's math kernel gives NaN, JAX spreads the weight uniformly).
-    visible = None if allowed is None else allowed
-    if bias is not None:
-        finite = bias > -xp.inf
-        visible = finite if visible is None else xp.logical_and(visible, finite)
-    if visible is not None:
-        row_seen = xp.any(visible, axis=-1, keepdims=True)  # (..., Lq, 1)
-        out = xp.where(row_seen, out, xp.zeros_like(out))
+        out = _jax(p, allowed, bias, is_causal=is_causal, xp=xp)
     return out, None
 
 
+def _visible_rows(allowed: Array | None, bias: Array | None, *, xp: Namespace) -> Array | None:
+    """(..., Lq|1, 1): False on rows that see no key; ``None`` when every row sees one."""
+    visible = allowed
+    if bias is not None:
+        finite = bias > -math.inf
+        visible = finite if visible is None else xp.logical_and(visible, finite)
+    return None if visible is None else xp.any(visible, axis=-1, keepdims=True)
+
+
+def _four_d(x: Array, batch: tuple[int, ...], *, xp: Namespace) -> Array:
+    """``x`` (..., m, n), broadcastable to ``(*batch, m, n)``, as 4-D ``(B|1, H|1, m, n)``.
+
+    The last batch axis becomes the heads, all others are folded into one;
+    axes of size 1 stay 1 (no copy), so the kernel broadcasts them itself.
+    """
+    lead = (1,) * (len(batch) + 2 - x.ndim) + tuple(x.shape[:-2])  # x's batch axes, aligned
+    if len(batch) <= 2:
+        return xp.reshape(x, (1,) * (2 - len(batch)) + lead + tuple(x.shape[-2:]))
+    if all(n == 1 for n in lead[:-1]):
+        return xp.reshape(x, (1, lead[-1], *x.shape[-2:]))
+    x = xp.broadcast_to(x, (*batch[:-1], lead[-1], *x.shape[-2:]))
+    return xp.reshape(x, (math.prod(batch[:-1]), lead[-1], *x.shape[-2:]))
+
+
 def _torch(
-    q: Array, k: Array, v: Array, allowed: Array | None, bias: Array | None, *, is_causal: bool
+    p: Problem, allowed: Array | None, bias: Array | None, *, is_causal: bool, xp: Namespace
 ) -> Array:
+    import torch
     import torch.nn.functional as F
 
-    mask = allowed
-    if bias is not None:
-        mask = bias if allowed is None else bias.masked_fill(~allowed, -math.inf)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=1.0)
+    def full(x: Array, length: int) -> Array:  # (..., L, d) -> (B, H, L, d): every batch axis
+        return _four_d(xp.broadcast_to(x, (*p.batch, length, x.shape[-1])), p.batch, xp=xp)
+
+    allowed4 = None if allowed is None else _four_d(allowed, p.batch, xp=xp)
+    bias4 = None if bias is None else _four_d(bias, p.batch, xp=xp)
+    mask = allowed4
+    if bias4 is not None:
+        mask = bias4 if mask is None else torch.where(mask, bias4, -math.inf)
+    out = F.scaled_dot_product_attention(
+        full(p.q, p.lq),
+        full(p.k, p.lk),
+        full(p.v, p.lk),
+        attn_mask=mask,
+        is_causal=is_causal,
+        scale=1.0,
+    )
+    # Rows that see nothing are 0 by portattn's contract; kernels differ here
+    # (torch's math kernel gives NaN).
+    seen = _visible_rows(allowed4, bias4, xp=xp)
+    if seen is not None:
+        out = xp.where(seen, out, 0.0)
+    return xp.reshape(out, (*p.batch, p.lq, p.dv))
 
 
 def _jax(
-    q: Array,
-    k: Array,
-    v: Array,
-    allowed: Array | None,
-    bias: Array | None,
-    *,
-    is_causal: bool,
-    xp: Namespace,
+    p: Problem, allowed: Array | None, bias: Array | None, *, is_causal: bool, xp: Namespace
 ) -> Array:
     import jax
 
-    if q.dtype == xp.float64:
-        msg = (
-            "impl='native' on JAX cannot keep float64: jax.nn.dot_product_attention computes "
-            "its softmax in float32; use impl='auto' for float64"
-        )
-        raise NotImplementedError(msg)
-    if q.shape[-1] != v.shape[-1]:
-        msg = (
-            "impl='native' on JAX needs value's feature size to equal query's "
-            f"(jax.nn.dot_product_attention requires it), got d={q.shape[-1]} and "
-            f"dv={v.shape[-1]}; use impl='auto'"
-        )
-        raise NotImplementedError(msg)
-    batch = tuple(q.shape[:-2])
-    flat = math.prod(batch)
-    lq, lk = q.shape[-2], k.shape[-2]
+    shape = (*p.batch, p.lq, p.lk)
+    flat = math.prod(p.batch)
+    lq, lk = p.lq, p.lk
 
-    def heads_last(x: Array) -> Array:  # (..., L, d) -> (B, L, 1, d): JAX's BTNH layout
-        return xp.reshape(x, (flat, x.shape[-2], 1, x.shape[-1]))
+    def heads_last(x: Array, length: int) -> Array:  # (..., L, d) -> (B, L, 1, d): BTNH
+        x = xp.broadcast_to(x, (*p.batch, length, x.shape[-1]))
+        return xp.reshape(x, (flat, length, 1, x.shape[-1]))
 
     def scores_like(x: Array | None) -> Array | None:  # (..., Lq, Lk) -> (B, 1, Lq, Lk)
-        return None if x is None else xp.reshape(x, (flat, 1, lq, lk))
+        return None if x is None else xp.reshape(xp.broadcast_to(x, shape), (flat, 1, lq, lk))
 
     out = jax.nn.dot_product_attention(
-        heads_last(q),
-        heads_last(k),
-        heads_last(v),
+        heads_last(p.q, lq),
+        heads_last(p.k, lk),
+        heads_last(p.v, lk),
         bias=scores_like(bias),
         mask=scores_like(allowed),
         scale=1.0,
         is_causal=is_causal,
     )
-    return xp.reshape(out, (*batch, lq, v.shape[-1]))
+    out = xp.reshape(out, (*p.batch, lq, p.dv))
+    # Rows that see nothing are 0 by portattn's contract (JAX spreads their
+    # weight uniformly).
+    seen = _visible_rows(allowed, bias, xp=xp)
+    return out if seen is None else xp.where(seen, out, 0.0)

@@ -1,0 +1,164 @@
+"""impl="auto": which path it takes (seen through a spy), and that it agrees with materialize there.
+
+The rule (attention's docstring): the fused kernel wherever it is exact and
+needs no more memory than the generic path, which today means torch SDPA
+without softcap or return_lse and without a position mask larger than the
+generic path's working memory; otherwise materialize below 256 x 256 pairs,
+blockwise above.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import portattn as pa
+import portattn._attention as entry
+from portattn.testing import assert_close, to_numpy
+
+from conftest import Backend, rtol_for
+
+BIG = 300  # 300 x 300 pairs > 256 x 256: above the materialising size
+
+# name: (options, Lq, Lk, path on torch)
+CASES = {
+    "plain": ({}, 6, 6, "native"),
+    "plain_big": ({}, BIG, BIG, "native"),
+    "causal": ({"causal": True}, 6, 6, "native"),
+    "causal_big": ({"causal": True}, BIG, BIG, "native"),
+    "top_left_long_k": ({"causal": "top_left"}, 4, 7, "native"),
+    "bottom_right": ({"causal": "bottom_right"}, 4, 7, "native"),
+    "bottom_right_long_q": ({"causal": "bottom_right"}, 7, 5, "native"),
+    # an (Lq, Lk) mask is more than blockwise needs: blockwise
+    "bottom_right_big": ({"causal": "bottom_right"}, BIG - 20, BIG, "blockwise"),
+    "window": ({"window": (2, 1)}, 7, 7, "native"),
+    "window_big": ({"window": (2, 1)}, BIG, BIG, "blockwise"),
+    "mask": ({"mask": "m"}, 6, 8, "native"),
+    "bias_mask_causal": ({"mask": "m", "bias": "b", "causal": "bottom_right"}, 6, 8, "native"),
+    "lengths": ({"key_lengths": "kl", "query_lengths": "ql"}, 6, 8, "native"),
+    # one row of key lengths per batch entry: always cheap
+    "key_lengths_big": ({"key_lengths": "kl"}, BIG, BIG, "native"),
+    "scale": ({"scale": 0.3}, 5, 5, "native"),
+    "softcap": ({"softcap": 2.0}, 6, 6, "materialize"),
+    "softcap_big": ({"softcap": 2.0, "causal": True}, BIG, BIG, "blockwise"),
+    "lse": ({"return_lse": True}, 6, 6, "materialize"),
+}
+
+
+def _kwargs(backend: Backend, rng: np.random.Generator, kw: dict, lq: int, lk: int) -> dict:
+    mask = rng.random((2, 1, lq, lk)) < 0.6
+    mask[0, 0, 1] = False  # a fully hidden row
+    table = {
+        "m": backend.asarray(mask),
+        "b": backend.asarray(rng.standard_normal((lq, lk)), backend.xp.float32),
+        "kl": backend.asarray(np.array([[lk], [2]])),
+        "ql": backend.asarray(np.array([[lq], [3]])),
+    }
+    return {name: table.get(val, val) if isinstance(val, str) else val for name, val in kw.items()}
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records the name of every path the entry point runs."""
+    ran: list[str] = []
+    for name in ("native_attention", "blockwise_attention", "materialize_attention"):
+        real = getattr(entry, name)
+
+        def wrapper(*args, _real=real, _name=name, **kwargs):
+            ran.append(_name.removesuffix("_attention"))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(entry, name, wrapper)
+    return ran
+
+
+def _expected(backend: Backend, torch_path: str, lq: int, lk: int) -> str:
+    if backend.name.startswith("torch"):
+        return torch_path
+    if torch_path != "native":
+        return torch_path
+    return "blockwise" if lq * lk > 256 * 256 else "materialize"
+
+
+# portattn._masks builds position indices as int64, which JAX without x64
+# truncates to int32 with a warning; harmless at these sizes.
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype int64:UserWarning")
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_auto_takes_the_rule_path_and_agrees_with_materialize(backend, rng, spy, name):
+    kw, lq, lk, torch_path = CASES[name]
+    kw = dict(kw)
+    want_lse = kw.pop("return_lse", False)
+    kwargs = _kwargs(backend, rng, kw, lq, lk)
+    q, k, v = (rng.standard_normal((2, 3, n, 8)) for n in (lq, lk, lk))
+    xp = backend.xp
+    for dtype in backend.float_dtypes:
+        args = [backend.asarray(a, dtype) for a in (q, k, v)]
+        spy.clear()
+        got = pa.attention(*args, return_lse=want_lse, **kwargs)
+        assert spy == [_expected(backend, torch_path, lq, lk)], (name, dtype)
+        want = pa.attention(*args, impl="materialize", return_lse=want_lse, **kwargs)
+        if want_lse:
+            assert_close(got[1], want[1], rtol=rtol_for(backend, dtype), xp=xp)
+            got, want = got[0], want[0]
+        rtol = rtol_for(backend, dtype)
+        assert_close(got, want, rtol=rtol, xp=xp, dtype=dtype, device=backend.device)
+        assert not np.isnan(to_numpy(got)).any()
+
+
+def test_auto_with_fully_hidden_rows_trains_like_materialize(rng, spy):
+    """The default path on torch is SDPA now: a row that sees nothing must give 0 and 0 grads."""
+    torch = pytest.importorskip("torch")  # torch is in every CI run; elsewhere, nothing to test
+    q, k, v = (torch.tensor(rng.standard_normal((2, 3, 6, 8)), requires_grad=True) for _ in "qkv")
+    mask = torch.tensor(rng.random((6, 6)) < 0.5)
+    mask[2] = False
+    kl = torch.tensor([[6], [0]])  # the second batch entry sees no key at all
+    grads = {}
+    for impl in ("auto", "materialize"):
+        out = pa.attention(q, k, v, mask=mask, key_lengths=kl, impl=impl)
+        (out * torch.linspace(-1, 1, 8, dtype=out.dtype)).sum().backward()
+        grads[impl] = [to_numpy(x.grad) for x in (q, k, v)]
+        assert not torch.isnan(out).any()
+        assert (out[:, :, 2] == 0).all() and (out[1] == 0).all()
+        for x in (q, k, v):
+            x.grad = None
+    assert spy == ["native", "materialize"]
+    for a, b in zip(grads["auto"], grads["materialize"], strict=True):
+        assert np.isfinite(a).all()
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [(), (3,), (2, 3, 2)],
+    ids=["2-D", "3-D", "5-D"],
+)
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"mask": "per-entry", "bias": "b"}])
+def test_native_hands_torch_four_d_tensors(rng, monkeypatch, batch, kw):
+    """torch's fused CPU kernel takes 4-D only; any other rank runs its O(N²) math kernel."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    seen: list[tuple[int, ...]] = []
+    real = F.scaled_dot_product_attention
+
+    def spy_sdpa(q, k, v, attn_mask=None, **kw):
+        seen.extend(x.ndim for x in (q, k, v) if x is not None)
+        if attn_mask is not None:
+            seen.append(attn_mask.ndim)
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy_sdpa)
+    q, k, v = (torch.tensor(rng.standard_normal((*batch, 5, 4))) for _ in "qkv")
+    kwargs = {}
+    if "mask" in kw:
+        m = rng.random((*batch, 5, 5)) < 0.6
+        if m.ndim > 2:
+            m[(0,) * (m.ndim - 2) + (1,)] = False  # a fully hidden row
+        kwargs = {"mask": torch.tensor(m), "bias": torch.tensor(rng.standard_normal((5, 5)))}
+    else:
+        kwargs = dict(kw)
+    got = pa.attention(q, k, v, impl="native", **kwargs)
+    want = pa.attention(q, k, v, impl="materialize", **kwargs)
+    assert seen and set(seen) == {4}
+    assert got.shape == (*batch, 5, 4)
+    np.testing.assert_allclose(to_numpy(got), to_numpy(want), rtol=1e-12, atol=1e-14)
