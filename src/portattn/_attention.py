@@ -101,7 +101,7 @@ def attention(
         path's own working memory (plain, top-left ``causal`` and
         ``key_lengths`` always qualify; other masks only for small calls).
         Otherwise, and on every other library, it materialises below
-        256 × 256 (query, key) pairs per batch entry and goes blockwise
+        256 x 256 (query, key) pairs per batch entry and goes blockwise
         above. JAX is left on the generic paths: the default
         ``jax.nn.dot_product_attention`` is XLA's composition of the same
         operations, not a fused kernel, and is slower eagerly.
