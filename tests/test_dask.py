@@ -8,19 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import dask
+import dask.array as da
 import numpy as np
 import pytest
+from dask.callbacks import Callback
 
 import portattn as pa
+from portattn._dask import FAN_IN_CONFIG, _merge, _pair
 
 from reference import allowed_pairs, attention_ref
-
-da = pytest.importorskip("dask.array")
-dask = pytest.importorskip("dask")
-
-from dask.callbacks import Callback  # noqa: E402
-
-from portattn._dask import FAN_IN_CONFIG, _merge, _pair  # noqa: E402
 
 
 class CountComputes(Callback):  # type: ignore[misc]

@@ -16,18 +16,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import dask.array as da
+import distributed
 import numpy as np
+import psutil
 import pytest
 
 import portattn as pa
+from portattn._dask import _pair
 
 pytestmark = pytest.mark.cluster
-
-da = pytest.importorskip("dask.array")
-distributed = pytest.importorskip("distributed")
-psutil = pytest.importorskip("psutil")
-
-from portattn._dask import _pair  # noqa: E402
 
 MEMORY_LIMIT = "1.5GiB"
 MEMORY_LIMIT_BYTES = int(1.5 * 2**30)
