@@ -9,6 +9,7 @@ ships no math renderer and fetches nothing.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,3 +26,17 @@ from sitegen.mathml import render_math, tidy_roles  # noqa: E402
 def on_page_content(html: str, /, *, page: Any, config: Any, files: Any) -> str:
     """Replace arithmatex spans and docstring ``:math:`` roles with MathML."""
     return tidy_roles(render_math(html))
+
+
+_HEAD_ALTERNATE = re.compile(r'<link rel="alternate" href="[^"]*" hreflang="[^"]*">\n?')
+
+
+def on_post_page(output: str, /, *, page: Any, config: Any) -> str:
+    """Drop the ``<link rel="alternate" hreflang>`` head tags of the language switcher.
+
+    Material's script fetches ``sitemap.xml`` next to each such link, assuming
+    it points at a language's root; mkdocs-static-i18n points it at the same
+    page in the other language, so every page logged two 404s. The switcher
+    in the header keeps its page-to-page links, which need no script.
+    """
+    return _HEAD_ALTERNATE.sub("", output)

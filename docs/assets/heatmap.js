@@ -24,17 +24,37 @@
     return { fill: fill, ink: luminance > 0.45 ? "#000000" : "#ffffff" };
   }
 
+  function fill(template, values) {
+    return template.replace(/\{(\w+)\}/g, function (_, k) { return values[k]; });
+  }
+
   /* "sat attends to The 3%, cat 26%, sat 71%": keys with weight exactly 0 are left out. */
-  function sentence(tokens, state, i) {
+  function sentence(text, tokens, state, i) {
     var parts = [];
     state.weights[i].forEach(function (w, j) {
       if (w !== 0) parts.push(tokens[j] + " " + state.percent[i][j] + "%");
     });
-    return tokens[i] + " attends to " + parts.join(", ");
+    return fill(text.attends, { q: tokens[i], parts: parts.join(", ") });
+  }
+
+  /* The colour scale under the grid: the colormap as a gradient, and the hatch. */
+  function scale(text, map) {
+    var box = el("div", { class: "pa-hm-scale", "aria-hidden": "true" });
+    var bar = el("span", { class: "pa-hm-scale-bar" });
+    var stops = [];
+    for (var k = 0; k <= 8; k++) stops.push(map[Math.round(k * (map.length - 1) / 8)]);
+    bar.style.backgroundImage = "linear-gradient(to right, " + stops.join(", ") + ")";
+    box.appendChild(el("span", {}, "0%"));
+    box.appendChild(bar);
+    box.appendChild(el("span", {}, "100%"));
+    box.appendChild(el("span", { class: "pa-hm-scale-mask" }));
+    box.appendChild(el("span", {}, text.masked));
+    return box;
   }
 
   function init(root) {
     var data = JSON.parse(root.querySelector(".pa-heatmap-data").textContent);
+    var text = data.text;
     var live = root.querySelector(".pa-heatmap-live");
     var tokens = data.tokens;
     var n = tokens.length;
@@ -45,15 +65,14 @@
       type: "button", role: "switch", "aria-checked": "true", class: "pa-hm-toggle"
     });
     toggle.appendChild(el("span", { class: "pa-hm-track", "aria-hidden": "true" }));
-    toggle.appendChild(el("span", { class: "pa-hm-label" }, "Causal mask"));
+    toggle.appendChild(el("span", { class: "pa-hm-label" }, text.switch));
     var controls = el("div", { class: "pa-hm-controls" });
     controls.appendChild(toggle);
 
     var table = el("table", { class: "pa-hm-grid" });
-    table.appendChild(el("caption", { class: "pa-hm-caption" },
-      "Attention weights in percent: rows are queries, columns keys"));
+    table.appendChild(el("caption", { class: "pa-hm-caption" }, text.caption));
     var head = el("tr");
-    head.appendChild(el("td", { class: "pa-hm-corner" }, "query ↓ key →"));
+    head.appendChild(el("td", { class: "pa-hm-corner" }, text.corner));
     tokens.forEach(function (t) { head.appendChild(el("th", { scope: "col" }, t)); });
     var thead = el("thead");
     thead.appendChild(head);
@@ -85,6 +104,7 @@
 
     live.appendChild(controls);
     live.appendChild(table);
+    live.appendChild(scale(text, data.colormap));
     live.appendChild(said);
 
     function state() { return causal ? data.causal : data.full; }
@@ -96,15 +116,24 @@
       for (var i = 0; i < n; i++) {
         for (var j = 0; j < n; j++) {
           var w = s.weights[i][j];
-          var c = colour(data.colormap, w);
           var td = cells[i][j];
-          td.style.background = c.fill;
-          td.style.color = c.ink;
-          td.textContent = s.percent[i][j] + "%";
+          var hidden = causal && j > i;
           td.setAttribute("data-weight", String(w));
           td.setAttribute("data-percent", String(s.percent[i][j]));
-          td.setAttribute("aria-label", tokens[i] + " to " + tokens[j] + ": " + s.percent[i][j] + "%");
-          td.classList.toggle("pa-hm-hidden", causal && j > i);
+          td.classList.toggle("pa-hm-hidden", hidden);
+          if (hidden) {
+            /* No inline colour here: the stylesheet's hatching must show. */
+            td.style.backgroundColor = "";
+            td.style.color = "";
+            td.textContent = "—";
+            td.setAttribute("aria-label", tokens[i] + " → " + tokens[j] + ": " + text.masked);
+          } else {
+            var c = colour(data.colormap, w);
+            td.style.backgroundColor = c.fill;
+            td.style.color = c.ink;
+            td.textContent = s.percent[i][j] + "%";
+            td.setAttribute("aria-label", tokens[i] + " → " + tokens[j] + ": " + s.percent[i][j] + "%");
+          }
         }
       }
     }
@@ -114,14 +143,12 @@
       table.classList.toggle("pa-hm-focused", i !== null);
       said.textContent = "";
       if (i === null) {
-        said.appendChild(el("span", { class: "pa-hm-hint" },
-          "Hover over a row, or click a query token, to read it as a sentence."));
+        said.appendChild(el("span", { class: "pa-hm-hint" }, text.hint));
         return;
       }
-      said.appendChild(el("span", { class: "pa-hm-said" }, sentence(tokens, state(), i)));
+      said.appendChild(el("span", { class: "pa-hm-said" }, sentence(text, tokens, state(), i)));
       if (causal && i < n - 1) {
-        said.appendChild(el("span", { class: "pa-hm-note" },
-          " (the mask hides the tokens after " + tokens[i] + ")"));
+        said.appendChild(el("span", { class: "pa-hm-note" }, fill(text.hidden, { q: tokens[i] })));
       }
     }
 

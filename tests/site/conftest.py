@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -32,22 +33,53 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOTS = ROOT / "screenshots"
 
+# The tests compare the pages with what docs/_gen/sitegen computes.
+if str(ROOT / "docs" / "_gen") not in sys.path:
+    sys.path.insert(0, str(ROOT / "docs" / "_gen"))
 
-@pytest.fixture(scope="session")
-def site_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+
+@functools.cache
+def built_site() -> Path:
+    """The site under test: ``PORTATTN_SITE_DIR``, or one built now into a temporary folder.
+
+    Called while tests are collected, because the pages to visit are read from
+    the built site: a page added to the docs is tested without editing this file.
+    """
     given = os.environ.get("PORTATTN_SITE_DIR")
     if given:
         path = (ROOT / given).resolve()
         if not (path / "chapter" / "index.html").is_file():
             pytest.fail(f"PORTATTN_SITE_DIR={given} has no built chapter page; run mkdocs build")
         return path
-    out = tmp_path_factory.mktemp("site")
+    out = Path(tempfile.mkdtemp(prefix="portattn-site-"))
     subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
         cwd=ROOT,
         check=True,
     )
     return out
+
+
+def site_pages(site: Path) -> list[str]:
+    """Every page of the built site as a URL path ("", "chapter/", "ja/chapter/", ...)."""
+    pages = []
+    for index in sorted(site.rglob("index.html")):
+        rel = index.parent.relative_to(site).as_posix()
+        if rel.split("/")[0] in {"assets", "search"}:
+            continue
+        pages.append("" if rel == "." else f"{rel}/")
+    return pages
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "page_path" in metafunc.fixturenames:
+        pages = site_pages(built_site())
+        metafunc.parametrize("page_path", pages, ids=[p.strip("/") or "home" for p in pages])
+
+
+@pytest.fixture(scope="session")
+def site_dir() -> Path:
+    return built_site()
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):

@@ -1,4 +1,9 @@
-"""The built site in a real browser: offline, error-free, math and figures drawn, widget honest."""
+"""The built site in a real browser: offline, error-free, readable on phones and in both schemes.
+
+Page-wide checks run on every page found in the built site (``page_path`` is
+parametrized from it in conftest.py), so a page added later is covered
+without editing this file. Chapter-specific checks follow.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +20,9 @@ import pytest
 from portattn import chapter
 from portattn.testing import to_numpy
 
-PAGES = ["", "chapter/", "beyond/", "performance/", "backends/", "huggingface/", "api/"]
+PHONE = 390
+DESKTOP = 1400
+MIN_FIGURE_PX = 9.0
 
 
 @dataclass
@@ -34,9 +41,18 @@ class Visit:
         assert self.requests, "the page made no request at all"
 
 
-def _open(browser: Any, url: str, *, javascript: bool = True) -> tuple[Any, Visit]:
+def _open(
+    browser: Any,
+    url: str,
+    *,
+    javascript: bool = True,
+    width: int = 1280,
+    scheme: str = "light",
+) -> tuple[Any, Visit]:
     context = browser.new_context(
-        java_script_enabled=javascript, viewport={"width": 1280, "height": 900}
+        java_script_enabled=javascript,
+        viewport={"width": width, "height": 900},
+        color_scheme=scheme,
     )
     page = context.new_page()
     visit = Visit()
@@ -53,7 +69,11 @@ def _open(browser: Any, url: str, *, javascript: bool = True) -> tuple[Any, Visi
     context.route("**/*", on_request)
     page.on("console", lambda m: m.type == "error" and visit.console_errors.append(m.text))
     page.on("pageerror", lambda e: visit.page_errors.append(str(e)))
-    page.goto(url, wait_until="networkidle")
+    # "load" first: on a busy machine the network can go idle while a long page
+    # is still being parsed, and the scripts have not run yet.
+    page.goto(url, wait_until="load")
+    page.wait_for_load_state("networkidle")
+    page.evaluate("document.fonts.ready.then(() => true)")
     return page, visit
 
 
@@ -67,13 +87,16 @@ def chapter_page(browser: Any, base_url: str) -> Iterator[tuple[Any, Visit]]:
 FIGURES = "article figure, article svg, article img, article math"
 
 # For each figure-like element: whether it is meant to be seen now (not in an
-# inactive content tab or a closed <details>), and its laid-out size.
+# inactive content tab, a closed <details>, or a layout for the other width),
+# and its laid-out size.
 _MEASURE = """els => els.map(e => {
   const tab = e.closest('.tabbed-block');
   const details = e.closest('details');
   const away = (tab && getComputedStyle(tab).display === 'none')
     || (details && !details.open && !e.closest('summary'))
-    || e.closest('.md-clipboard, .headerlink, button') !== null;
+    || e.closest('.md-clipboard, .headerlink, button, noscript') !== null
+    || e.closest('.pa-fig-wide, .pa-fig-narrow') !== null
+       && getComputedStyle(e.closest('.pa-fig-wide, .pa-fig-narrow')).display === 'none';
   const r = e.getBoundingClientRect();
   return {away, w: r.width, h: r.height, what: e.outerHTML.slice(0, 100)};
 })"""
@@ -87,24 +110,183 @@ def assert_figures_drawn(page: Any) -> int:
     return len(shown)
 
 
+# The smallest rendered text in figures: SVG text scaled by its transform to
+# the screen, and HTML text inside figures at its computed size.
+_SMALLEST_TEXT = """() => {
+  const out = [];
+  const visible = e => {
+    const r = e.getBoundingClientRect();
+    if (r.width === 0 || r.height === 0) return false;
+    for (let p = e; p; p = p.parentElement) {
+      const cs = getComputedStyle(p);
+      if (cs.display === 'none' || cs.visibility === 'hidden') return false;
+    }
+    return true;
+  };
+  for (const t of document.querySelectorAll('article svg text, article svg tspan')) {
+    if (!t.textContent.trim() || !visible(t)) continue;
+    const m = t.getScreenCTM();
+    const scale = Math.sqrt(Math.abs(m.a * m.d - m.b * m.c));
+    out.push({px: parseFloat(getComputedStyle(t).fontSize) * scale,
+              text: t.textContent.trim().slice(0, 30)});
+  }
+  for (const f of document.querySelectorAll('article figure')) {
+    const walker = document.createTreeWalker(f, NodeFilter.SHOW_TEXT);
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+      const e = n.parentElement;
+      if (!n.textContent.trim() || e.closest('svg, noscript, script') || !visible(e)) continue;
+      out.push({px: parseFloat(getComputedStyle(e).fontSize),
+                text: n.textContent.trim().slice(0, 30)});
+    }
+  }
+  out.sort((a, b) => a.px - b.px);
+  return out.slice(0, 5);
+}"""
+
+# Elements that stick out to the right of the viewport, for the failure message.
+_WIDE = """w => [...document.querySelectorAll('body *')]
+  .filter(e => { const r = e.getBoundingClientRect(); return r.right > w + 1 && r.width > 0; })
+  .filter(e => !e.closest('.md-sidebar, .md-search, .md-nav, [hidden]'))
+  .slice(0, 5)
+  .map(e => `${e.tagName}.${e.className} ${Math.round(e.getBoundingClientRect().right)} `
+       + (e.closest('math') ? e.closest('math').getAttribute('alttext') : ''))"""
+
+# Colours of figure text and the background behind it, for a contrast check.
+_TEXT_COLOURS = """() => {
+  const parse = c => (c.match(/[\\d.]+/g) || []).map(Number);
+  const bg = e => {
+    for (let p = e; p; p = p.parentElement) {
+      if (p instanceof SVGElement) continue;
+      const c = parse(getComputedStyle(p).backgroundColor);
+      if (c.length === 3 || (c.length === 4 && c[3] > 0.5)) return c.slice(0, 3);
+    }
+    return parse(getComputedStyle(document.body).backgroundColor).slice(0, 3);
+  };
+  return [...document.querySelectorAll('article svg.pa-figure text')]
+    .filter(t => t.textContent.trim() && t.getBoundingClientRect().width > 0)
+    .filter(t => !t.classList.contains('pa-cell'))
+    .map(t => ({fg: parse(getComputedStyle(t).fill).slice(0, 3), bg: bg(t),
+                text: t.textContent.trim().slice(0, 30)}));
+}"""
+
+
+def _luminance(rgb: list[float]) -> float:
+    def lin(c: float) -> float:
+        c = c / 255
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (lin(c) for c in rgb)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast(a: list[float], b: list[float]) -> float:
+    la, lb = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
+
+
 def _size(locator: Any) -> tuple[float, float]:
     box = locator.bounding_box()
     return (0.0, 0.0) if box is None else (box["width"], box["height"])
 
 
-@pytest.mark.parametrize("path", PAGES)
-def test_page_loads_offline_without_errors(
-    browser: Any, base_url: str, screenshots: Path, path: str
+def _shot_name(page_path: str) -> str:
+    return page_path.strip("/").replace("/", "-") or "home"
+
+
+# -- every page -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_page_loads_offline_in_both_schemes(
+    browser: Any, base_url: str, screenshots: Path, page_path: str, scheme: str
 ) -> None:
-    page, visit = _open(browser, f"{base_url}/{path}")
+    page, visit = _open(browser, f"{base_url}/{page_path}", width=DESKTOP, scheme=scheme)
     try:
         visit.assert_clean()
         assert page.locator("article h1").count() == 1
         assert_figures_drawn(page)
-        name = path.strip("/") or "home"
-        page.screenshot(path=str(screenshots / f"{name}.png"), full_page=True)
+        want = "slate" if scheme == "dark" else "default"
+        assert page.locator("body").get_attribute("data-md-color-scheme") == want
+        # The toggle is there, in the header.
+        assert page.locator("form[data-md-component=palette] label").count() >= 1
+        # Figure text reads on this scheme's background (WCAG large-text 3:1).
+        poor = [
+            (c["text"], c["fg"], c["bg"])
+            for c in page.evaluate(_TEXT_COLOURS)
+            if contrast(c["fg"], c["bg"]) < 3
+        ]
+        assert poor == [], f"figure text with contrast below 3:1 in {scheme}: {poor[:5]}"
+        # Display formulas fit their box at desktop width (none clipped or scrolling).
+        clipped = page.evaluate(
+            """() => [...document.querySelectorAll('.pa-math-block')]
+                .filter(b => b.getBoundingClientRect().width > 0)
+                .filter(b => b.scrollWidth > b.clientWidth + 1)
+                .map(b => b.querySelector('math').getAttribute('alttext').slice(0, 60))"""
+        )
+        assert clipped == [], f"display formulas wider than the page at {DESKTOP} px: {clipped}"
+        page.screenshot(
+            path=str(screenshots / f"{_shot_name(page_path)}-{scheme}.png"), full_page=True
+        )
     finally:
         page.context.close()
+
+
+def test_page_fits_a_phone(browser: Any, base_url: str, screenshots: Path, page_path: str) -> None:
+    page, visit = _open(browser, f"{base_url}/{page_path}", width=PHONE)
+    try:
+        visit.assert_clean()
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= PHONE, (
+            f"page is {width} px wide at {PHONE} px: {page.evaluate(_WIDE, PHONE)}"
+        )
+        smallest = page.evaluate(_SMALLEST_TEXT)
+        if smallest:
+            assert smallest[0]["px"] >= MIN_FIGURE_PX, f"figure text below 9 px: {smallest}"
+        (screenshots / "390").mkdir(exist_ok=True)
+        page.screenshot(
+            path=str(screenshots / "390" / f"{_shot_name(page_path)}.png"), full_page=True
+        )
+    finally:
+        page.context.close()
+
+
+def test_code_titles_and_copy_buttons(browser: Any, base_url: str, page_path: str) -> None:
+    """Quoted source is titled with its repository path, and no copy button sits on code."""
+    page, _ = _open(browser, f"{base_url}/{page_path}")
+    try:
+        titles = page.locator("article .highlight .filename").all_inner_texts()
+        for title in titles:
+            assert "site-packages" not in title, title
+            if title.endswith(".py") or ".py," in title:
+                assert re.match(r"src/portattn/\S+\.py, (line \d+|lines \d+ to \d+)$", title), title
+        overlaps = page.evaluate(
+            """() => {
+              const bad = [];
+              for (const pre of document.querySelectorAll('article pre')) {
+                const button = pre.querySelector('.md-clipboard, .md-code__button');
+                const code = pre.querySelector('code');
+                if (!button || !code || button.getBoundingClientRect().width === 0) continue;
+                const b = button.getBoundingClientRect();
+                const range = document.createRange();
+                range.selectNodeContents(code);
+                for (const r of range.getClientRects()) {
+                  if (r.width === 0) continue;
+                  const across = r.left < b.right && r.right > b.left;
+                  if (across && r.top < b.bottom && r.bottom > b.top) {
+                    bad.push(code.textContent.slice(0, 40));
+                    break;
+                  }
+                }
+              }
+              return bad;
+            }"""
+        )
+        assert overlaps == [], f"copy button over code text: {overlaps}"
+    finally:
+        page.context.close()
+
+
+# -- the chapter ----------------------------------------------------------------
 
 
 def test_chapter_math_is_rendered(chapter_page: tuple[Any, Visit]) -> None:
@@ -112,11 +294,6 @@ def test_chapter_math_is_rendered(chapter_page: tuple[Any, Visit]) -> None:
     visit.assert_clean()
     maths = page.locator("article math")
     assert maths.count() > 10
-    for i in range(maths.count()):
-        m = maths.nth(i)
-        if m.is_visible():
-            w, h = _size(m)
-            assert w > 0 and h > 0, m.get_attribute("alttext")
     # Proof that MathML is laid out as math, not as inline text: in a fraction
     # the numerator sits above the denominator.
     frac = page.locator("article math mfrac").first
@@ -129,25 +306,23 @@ def test_chapter_math_is_rendered(chapter_page: tuple[Any, Visit]) -> None:
         assert raw not in text, f"unrendered math {raw!r} on the page"
 
 
-def test_chapter_figures_have_size(chapter_page: tuple[Any, Visit]) -> None:
+def test_parentheses_stretch_around_fractions(chapter_page: tuple[Any, Visit]) -> None:
     page, _ = chapter_page
-    # Figures in inactive tabs are hidden; choose each linked tab in turn.
-    for label in ("Causal mask on", "Causal mask off"):
-        page.locator(".tabbed-labels label", has_text=label).first.click()
-        assert assert_figures_drawn(page) > 10
-        heatmaps = [
-            f for f in page.locator("article figure.pa-heatmap-figure").all() if f.is_visible()
-        ]
-        assert len(heatmaps) == 1
-        assert label.lower() in heatmaps[0].inner_text().lower()
-        w, h = _size(heatmaps[0])
-        assert w > 100 and h > 100
-    plot = page.locator("article figure.pa-plot svg")
-    assert _size(plot)[0] > 300
+    pairs = page.evaluate(
+        """() => [...document.querySelectorAll('article math mo')]
+            .filter(mo => mo.textContent.trim() === '('
+                    && mo.nextElementSibling && mo.nextElementSibling.tagName === 'mfrac')
+            .map(mo => ({paren: mo.getBoundingClientRect().height,
+                         frac: mo.nextElementSibling.getBoundingClientRect().height}))
+            .filter(p => p.frac > 0)"""
+    )
+    assert pairs, "no parenthesised fraction found on the chapter"
+    for p in pairs:
+        assert p["paren"] >= 0.8 * p["frac"], f"parenthesis does not stretch: {p}"
 
 
-def _grid(page: Any) -> tuple[np.ndarray, list[list[str]]]:
-    cells = page.locator(".pa-heatmap .pa-hm-cell")
+def _grid(page: Any, root: str = ".pa-heatmap") -> tuple[np.ndarray, list[list[str]]]:
+    cells = page.locator(f"{root} .pa-hm-cell")
     n = len(chapter.DEMO_TOKENS)
     assert cells.count() == n * n
     weights = np.zeros((n, n))
@@ -157,6 +332,35 @@ def _grid(page: Any) -> tuple[np.ndarray, list[list[str]]]:
         weights[i, j] = float(c.get_attribute("data-weight"))
         texts[i][j] = c.inner_text().strip()
     return weights, texts
+
+
+_CELL_STYLE = """cells => cells.map(c => ({
+  row: +c.dataset.row, col: +c.dataset.col,
+  image: getComputedStyle(c).backgroundImage, colour: getComputedStyle(c).backgroundColor}))"""
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_masked_cells_are_distinguishable(browser: Any, base_url: str, scheme: str) -> None:
+    """Hatched by computed style, with a colour no weight can have, and no number."""
+    page, visit = _open(browser, f"{base_url}/chapter/", scheme=scheme)
+    try:
+        styles = page.locator(".pa-heatmap .pa-hm-cell").evaluate_all(_CELL_STYLE)
+        masked = [s for s in styles if s["col"] > s["row"]]
+        seen = [s for s in styles if s["col"] <= s["row"]]
+        assert len(masked) == 10
+        assert all("repeating-linear-gradient" in s["image"] for s in masked), masked[:2]
+        assert all(s["image"] == "none" for s in seen), seen[:2]
+        assert {s["colour"] for s in masked}.isdisjoint({s["colour"] for s in seen})
+        _, texts = _grid(page)
+        assert all(texts[s["row"]][s["col"]] == "—" for s in masked)
+        # A colour scale is shown with the widget.
+        scale = page.locator(".pa-heatmap .pa-hm-scale")
+        assert scale.is_visible() and "100%" in scale.inner_text()
+        # Shown once: no second copy of the same heatmap outside the widget.
+        assert page.locator("article svg.pa-heatmap-static:visible").count() == 0
+        visit.assert_clean()
+    finally:
+        page.context.close()
 
 
 def test_widget_mask_toggle_zeroes_upper_triangle(
@@ -177,7 +381,7 @@ def test_widget_mask_toggle_zeroes_upper_triangle(
     assert toggle.get_attribute("aria-checked") == "true"
     on, texts = _grid(page)
     assert np.all(on[upper] == 0)
-    assert all(texts[i][j] == "0%" for i, j in zip(*upper, strict=True))
+    assert all(texts[i][j] == "—" for i, j in zip(*upper, strict=True))
     np.testing.assert_allclose(on, to_numpy(chapter.demo_weights(causal=True)), rtol=1e-6)
     visit.assert_clean()
     page.locator(".pa-heatmap").screenshot(path=str(screenshots / "widget-causal.png"))
@@ -188,9 +392,7 @@ def _percentages(sentence: str) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_clicking_sat_reads_its_row(
-    chapter_page: tuple[Any, Visit], screenshots: Path, causal: bool
-) -> None:
+def test_clicking_sat_reads_its_row(chapter_page: tuple[Any, Visit], causal: bool) -> None:
     page, visit = chapter_page
     tokens = chapter.DEMO_TOKENS
     if not causal:
@@ -207,8 +409,6 @@ def test_clicking_sat_reads_its_row(
     row = page.locator(".pa-heatmap tr.pa-hm-active")
     assert row.get_attribute("data-row") == str(i)
     visit.assert_clean()
-    name = "on" if causal else "off"
-    page.locator(".pa-heatmap").screenshot(path=str(screenshots / f"widget-sat-mask-{name}.png"))
 
 
 def test_widget_is_keyboard_accessible(chapter_page: tuple[Any, Visit]) -> None:
@@ -232,11 +432,21 @@ def test_static_fallback_without_javascript(browser: Any, base_url: str, screens
     page, visit = _open(browser, f"{base_url}/chapter/", javascript=False)
     try:
         assert visit.outside == []
-        fallback = page.locator(".pa-heatmap noscript svg, .pa-heatmap svg.pa-heatmap-static")
-        assert fallback.count() == 1
-        w, h = _size(fallback.first)
+        stills = page.locator(".pa-heatmap noscript svg, .pa-heatmap svg.pa-heatmap-static")
+        assert stills.count() == 2  # mask on and mask off
+        w, h = _size(stills.first)
         assert w > 10 and h > 10
+        # The mask-on still hatches exactly the upper triangle, and says so in its scale.
+        hatched = stills.first.locator("rect.pa-masked-cell")
+        assert hatched.count() == 10
+        assert all(
+            f.startswith("url(#")
+            for f in hatched.evaluate_all("r => r.map(x => x.getAttribute('fill'))")
+        )
+        assert stills.nth(1).locator("rect.pa-masked-cell").count() == 0
+        assert stills.first.locator("linearGradient").count() == 1
         assert page.locator(".pa-heatmap .pa-hm-cell").count() == 0
+        assert page.locator(".pa-playground noscript table").count() == 1
         page.locator(".pa-heatmap").screenshot(path=str(screenshots / "widget-no-js.png"))
     finally:
         page.context.close()
@@ -259,3 +469,96 @@ def test_widget_switch_and_tabs_move_together(chapter_page: tuple[Any, Visit]) -
     assert toggle.get_attribute("aria-checked") == "true"
     assert set(checked_titles()) == {"Causal mask on"}
     visit.assert_clean()
+
+
+def _table(page: Any, name: str) -> list[list[str]]:
+    return page.locator(f'table[data-pa-table="{name}"] tbody tr').evaluate_all(
+        "rows => rows.map(r => [...r.cells].map(c => c.textContent.trim()))"
+    )
+
+
+def test_sqrt_d_tables_are_captioned_and_distinct(chapter_page: tuple[Any, Visit]) -> None:
+    page, _ = chapter_page
+    captions = page.locator("table[data-pa-table^=scaling] caption").all_inner_texts()
+    assert len(captions) == 2 and captions[0] != captions[1]
+    assert captions[0].startswith("Table 1") and captions[1].startswith("Table 2")
+    constant, scaled = _table(page, "scaling-constant"), _table(page, "scaling-scaled")
+    assert [r[0] for r in constant] == ["8", "32", "64", "256"]
+    assert constant != scaled
+    # No column repeats one value in every row (the old "uniform" column).
+    for col in zip(*constant, strict=True):
+        assert len(set(col)) > 1, col
+    from sitegen import figures
+
+    want = [[str(r.d), f"{r.unscaled:.3f}", f"{r.scaled:.3f}"] for r in figures.scaling("constant")]
+    assert [row[:3] for row in constant] == want
+
+
+def test_japanese_chapter_has_the_same_numbers(browser: Any, base_url: str) -> None:
+    en, _ = _open(browser, f"{base_url}/chapter/")
+    ja, visit = _open(browser, f"{base_url}/ja/chapter/")
+    try:
+        visit.assert_clean()
+        assert ja.locator("html").get_attribute("lang") == "ja"
+        assert re.search(r"[\u3040-\u30ff]", ja.locator("article").inner_text())
+        for name in ("scaling-constant", "scaling-scaled"):
+            ours = _table(ja, name)
+            assert ours, f"no computed √d table {name} on the Japanese chapter"
+            assert ours == _table(en, name)
+        # The language switcher on the English page leads to the Japanese one.
+        assert en.locator('a[hreflang="ja"]').count() >= 1
+        # Figures carry Japanese text.
+        svg_text = ja.evaluate(
+            "[...document.querySelectorAll('article svg text')].map(t => t.textContent).join(' ')"
+        )
+        assert re.search(r"[\u3040-\u30ff]", svg_text)
+    finally:
+        en.context.close()
+        ja.context.close()
+
+
+def test_playground_follows_the_controls(browser: Any, base_url: str) -> None:
+    from sitegen.playground import DIMS, grid
+
+    page, visit = _open(browser, f"{base_url}/chapter/")
+    try:
+        root = page.locator(".pa-playground")
+        states = grid()["states"]
+        assert root.get_attribute("data-state") == "constant/64/unscaled"
+        # Keyboard only: the slider to its largest width.
+        page.locator(".pa-playground input[type=range]").focus()
+        page.keyboard.press("End")
+        assert root.get_attribute("data-state") == f"constant/{DIMS[-1]}/unscaled"
+        w, _ = _grid(page, ".pa-playground")
+        np.testing.assert_allclose(w, states[f"constant/{DIMS[-1]}/unscaled"]["weights"])
+        # Arrow keys move through a radio group: unscaled -> scaled.
+        page.locator(".pa-playground input[value=unscaled]").focus()
+        page.keyboard.press("ArrowRight")
+        assert root.get_attribute("data-state") == f"constant/{DIMS[-1]}/scaled"
+        assert root.locator("polyline.pa-pg-scaled.pa-pg-chosen").count() == 1
+        page.locator(".pa-playground label", has_text="1/d").click()
+        assert root.get_attribute("data-state") == f"scaled/{DIMS[-1]}/scaled"
+        w, _ = _grid(page, ".pa-playground")
+        np.testing.assert_allclose(w, states[f"scaled/{DIMS[-1]}/scaled"]["weights"])
+        visit.assert_clean()
+    finally:
+        page.context.close()
+
+
+def test_dataflow_shows_the_example_shapes(chapter_page: tuple[Any, Visit]) -> None:
+    from sitegen.dataflow import shapes
+
+    page, _ = chapter_page
+    text = page.locator("article svg.pa-dataflow").text_content() or ""
+    sh = shapes()
+    for key in ("x", "s", "out"):
+        assert " × ".join(map(str, sh[key])) in text, key  # noqa: RUF001
+
+
+def test_beyond_floor_division_reads_as_math(browser: Any, base_url: str) -> None:
+    page, _ = _open(browser, f"{base_url}/beyond/")
+    try:
+        assert "/ /" not in page.locator("article").inner_text()
+        assert page.locator("article math mo", has_text="⌊").count() >= 1
+    finally:
+        page.context.close()

@@ -1,10 +1,12 @@
-"""Tables and figures for the chapter, computed by :mod:`portattn.chapter` while the site builds."""
+"""Tables and figures for the chapter page, computed by :mod:`portattn.chapter` at build time.
+
+Every generator takes ``lang`` ("en" or "ja"): the English and the Japanese
+chapter show the same numbers, with the words of :mod:`sitegen.i18n`.
+"""
 
 from __future__ import annotations
 
 import html
-import io
-import re
 from collections.abc import Sequence
 from functools import cache
 
@@ -13,12 +15,20 @@ import numpy as np
 from portattn import chapter
 from portattn.testing import to_numpy
 
+from . import plotting
+from .i18n import t
+
 # The table's widths, as in the chapter, and a finer grid for the plot: half
 # octaves from 2 to 512, which contains the table's widths (wider heads cost
 # seconds of build time each and add nothing the curves have not shown).
 TABLE_DIMS = (8, 32, 64, 256)
 PLOT_DIMS = tuple(sorted({round(2 ** (k / 2)) for k in range(2, 19)}))
 SEQ_LEN = 6
+
+#: The source chapter's printed √d table (six tokens): (without ÷√d, with ÷√d)
+#: per width. A quotation, not a result: it is shown beside ours and compared
+#: with what portattn computes in :mod:`sitegen.sqrtd`.
+CHAPTER_PRINTED = {8: (0.347, 0.228), 32: (0.799, 0.343), 64: (0.984, 0.458), 256: (1.000, 0.847)}
 
 
 @cache
@@ -31,17 +41,31 @@ def _f(x: float) -> str:
     return f"{x:.3f}"
 
 
-def scaling_markdown(init: str = "constant") -> str:
-    """The √d table: per width, the mean largest weight without and with ÷√d, and uniform."""
-    uniform = 1 / SEQ_LEN
-    lines = [
-        f"| d | without ÷√d | with ÷√d | uniform (1/{SEQ_LEN}) |",
-        "|---:|---:|---:|---:|",
-    ]
-    lines += [
-        f"| {r.d} | {_f(r.unscaled)} | {_f(r.scaled)} | {_f(uniform)} |" for r in scaling(init)
-    ]
-    return "\n".join(lines) + "\n"
+def scaling_table(init: str = "constant", *, lang: str = "en", caption: str = "") -> str:
+    """The √d table as captioned HTML; the fixed-std table carries the source chapter's values.
+
+    ``data-pa-table`` names the table for the browser test, which compares
+    the English and Japanese pages cell by cell.
+    """
+    with_chapter = init == "constant"
+    groups = [("", 1), (t("computed", lang), 2)]
+    head = [t("d", lang), t("without", lang), t("with", lang)]
+    if with_chapter:
+        groups.append((t("chapter_printed", lang), 2))
+        head += [t("without", lang), t("with", lang)]
+    rows = []
+    for r in scaling(init):
+        cells = [str(r.d), _f(r.unscaled), _f(r.scaled)]
+        if with_chapter:
+            cells += [_f(v) for v in CHAPTER_PRINTED[r.d]]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    tops = "".join(f'<th colspan="{n}">{html.escape(g)}</th>' for g, n in groups)
+    ths = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    return (
+        f'<table data-pa-table="scaling-{init}">'
+        f"<caption>{caption}</caption><thead><tr>{tops}</tr><tr>{ths}</tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>\n"
+    )
 
 
 def scaling_numbers(init: str = "constant") -> dict[str, str]:
@@ -59,57 +83,44 @@ def scaling_numbers(init: str = "constant") -> dict[str, str]:
     }
 
 
-def _svg(fig: object, *, label: str) -> str:
-    """A matplotlib figure as inline, responsive SVG with text left as text."""
+def scaling_plot(*, lang: str = "en", caption: str) -> str:
+    """Both initialisations, largest weight against d with and without ÷√d; stacked on phones."""
     import matplotlib.pyplot as plt
 
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")  # type: ignore[attr-defined]
-    plt.close(fig)  # type: ignore[arg-type]
-    svg = buf.getvalue()
-    svg = svg[svg.index("<svg") :]
-    svg = re.sub(r'<svg ([^>]*?)width="[^"]*" height="[^"]*"', r"<svg \1", svg, count=1)
-    return svg.replace(
-        "<svg ", f'<svg class="pa-figure" role="img" aria-label="{html.escape(label)}" ', 1
+    panels = (
+        ("constant", t("init_constant", lang, std=chapter.CHAPTER_STD)),
+        ("scaled", t("init_scaled", lang)),
     )
 
-
-def scaling_plot() -> str:
-    """Both initialisations side by side: largest weight against d, with and without ÷√d."""
-    import matplotlib as mpl
-    import matplotlib.pyplot as plt
-
-    colours = mpl.colormaps["viridis"]
-    with mpl.rc_context(
-        {
-            "svg.fonttype": "none",
-            "svg.hashsalt": "portattn-scaling",
-            "font.size": 10,
-            "axes.spines.top": False,
-            "axes.spines.right": False,
-        }
-    ):
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
-        panels = (
-            ("constant", f"weights N(0, {chapter.CHAPTER_STD}²) for every d"),
-            ("scaled", "weights N(0, 1/d)"),
-        )
+    def draw(narrow: bool) -> object:
+        shape = (2, 1) if narrow else (1, 2)
+        size = (plotting.width(narrow), 6.4 if narrow else 3.6)
+        fig, axes = plt.subplots(*shape, figsize=size, sharey=True)
         for ax, (init, title) in zip(axes, panels, strict=True):
             rows = scaling(init, PLOT_DIMS)
             d = [r.d for r in rows]
-            ax.plot(
-                d, [r.unscaled for r in rows], "o-", ms=3, color=colours(0.15), label="without ÷√d"
+            ax.plot(d, [r.unscaled for r in rows], "o-", ms=3, label=t("without", lang))
+            ax.plot(d, [r.scaled for r in rows], "s--", ms=3, label=t("with", lang))
+            ax.axhline(1 / SEQ_LEN, ls=":", color=plotting.MUTED, lw=1.2)
+            ax.text(
+                PLOT_DIMS[-1],
+                1 / SEQ_LEN - 0.025,
+                t("uniform", lang, n=SEQ_LEN),
+                color=plotting.MUTED,
+                ha="right",
+                va="top",
             )
-            ax.plot(d, [r.scaled for r in rows], "s-", ms=3, color=colours(0.6), label="with ÷√d")
-            ax.axhline(1 / SEQ_LEN, ls="--", color="0.45", lw=1, label=f"uniform, 1/{SEQ_LEN}")
             ax.set_xscale("log", base=2)
-            ax.set_xlabel("head width d (log scale)")
-            ax.set_title(title, fontsize=10)
+            ax.set_xlabel(t("width_log", lang))
+            ax.set_title(title)
             ax.set_ylim(0, 1.05)
-            ax.grid(True, which="major", color="0.9", lw=0.6)
-        axes[0].set_ylabel("mean largest attention weight")
-        axes[0].legend(frameon=False, loc="upper left")
-    return _svg(fig, label="Largest attention weight against head width, two initialisations")
+            ax.set_ylabel(t("mean_max", lang))
+            ax.grid(True, which="major", lw=0.6)
+        axes[0].legend(loc="upper left")
+        fig.tight_layout()
+        return fig
+
+    return plotting.figure(draw, label=t("mean_max", lang), caption=caption, name=f"scaling-{lang}")
 
 
 # -- heatmaps -----------------------------------------------------------------
@@ -138,18 +149,46 @@ def percentages(weights: object) -> list[list[int]]:
     return [[round(100 * float(w)) for w in row] for row in to_numpy(weights)]
 
 
-def heatmap_svg(tokens: Sequence[str], weights: object, *, label: str) -> str:
-    """A static heatmap: rows are queries, columns keys, each cell its percentage."""
+def heatmap_svg(
+    tokens: Sequence[str],
+    weights: object,
+    *,
+    label: str,
+    masked: np.ndarray | None = None,
+    lang: str = "en",
+    salt: str = "hm",
+) -> str:
+    """A static heatmap with its colour scale: rows are queries, columns keys.
+
+    Cells the mask hides are hatched and carry no number, so they cannot be
+    mistaken for weights that round to 0%.
+    """
     w = to_numpy(weights).astype(np.float64)
     pct = percentages(w)
     n = len(tokens)
+    hidden = np.zeros((n, n), dtype=bool) if masked is None else np.asarray(masked, dtype=bool)
     cell, left, top = 46, 56, 40
-    width, height = left + n * cell + 8, top + n * cell + 8
+    grid_w = n * cell
+    scale_y = top + grid_w + 14
+    width, height = left + grid_w + 8, scale_y + 46
+    hatch, grad = f"{salt}-hatch", f"{salt}-scale"
+    stops = viridis(9)
     parts = [
         f'<svg class="pa-figure pa-heatmap-static" viewBox="0 0 {width} {height}" '
         f'role="img" aria-label="{html.escape(label)}" xmlns="http://www.w3.org/2000/svg">',
-        f'<text x="{left + n * cell / 2}" y="12" text-anchor="middle" class="pa-axis">'
-        "key (attended to) →</text>",
+        "<defs>",
+        f'<pattern id="{hatch}" width="7" height="7" patternUnits="userSpaceOnUse" '
+        'patternTransform="rotate(45)">'
+        '<rect width="7" height="7" class="pa-mask-bg"/>'
+        '<rect width="2.5" height="7" class="pa-mask-line"/></pattern>',
+        f'<linearGradient id="{grad}">'
+        + "".join(
+            f'<stop offset="{k / (len(stops) - 1):.3f}" stop-color="{c}"/>'
+            for k, c in enumerate(stops)
+        )
+        + "</linearGradient></defs>",
+        f'<text x="{left + grid_w / 2}" y="12" text-anchor="middle" class="pa-axis">'
+        f"{html.escape(t('key_axis', lang))}</text>",
     ]
     for j, tok in enumerate(tokens):
         parts.append(
@@ -163,54 +202,79 @@ def heatmap_svg(tokens: Sequence[str], weights: object, *, label: str) -> str:
             f"{html.escape(tok)}</text>"
         )
         for j in range(n):
-            fill, ink = colour(float(w[i, j]))
             x = left + j * cell
+            pair = f"{html.escape(tokens[i])} → {html.escape(tokens[j])}"
+            if hidden[i, j]:
+                parts.append(
+                    f'<rect x="{x}" y="{y}" width="{cell - 2}" height="{cell - 2}" '
+                    f'fill="url(#{hatch})" class="pa-masked-cell">'
+                    f"<title>{pair}: {t('masked', lang)}</title></rect>"
+                )
+                continue
+            fill, ink = colour(float(w[i, j]))
             parts.append(
                 f'<rect x="{x}" y="{y}" width="{cell - 2}" height="{cell - 2}" fill="{fill}">'
-                f"<title>{html.escape(tokens[i])} → {html.escape(tokens[j])}: {pct[i][j]}%</title>"
-                "</rect>"
-            )
-            parts.append(
+                f"<title>{pair}: {pct[i][j]}%</title></rect>"
                 f'<text x="{x + (cell - 2) / 2}" y="{y + cell / 2 + 3}" text-anchor="middle" '
                 f'fill="{ink}" class="pa-cell">{pct[i][j]}%</text>'
             )
+    # The colour scale, and the hatch's meaning.
+    bar_w = grid_w - 70 if hidden.any() else grid_w
+    parts.append(
+        f'<rect x="{left}" y="{scale_y}" width="{bar_w}" height="12" fill="url(#{grad})"/>'
+        f'<text x="{left}" y="{scale_y + 28}" class="pa-axis">0%</text>'
+        f'<text x="{left + bar_w}" y="{scale_y + 28}" text-anchor="end" class="pa-axis">100%</text>'
+        f'<text x="{left + bar_w / 2}" y="{scale_y + 28}" text-anchor="middle" class="pa-axis">'
+        f"{html.escape(t('scale_title', lang))}</text>"
+    )
+    if hidden.any():
+        sx = left + bar_w + 12
+        parts.append(
+            f'<rect x="{sx}" y="{scale_y}" width="18" height="12" fill="url(#{hatch})"/>'
+            f'<text x="{sx}" y="{scale_y + 28}" class="pa-axis">{t("masked", lang)}</text>'
+        )
     parts.append("</svg>")
     return "".join(parts)
 
 
-def demo_heatmap(*, causal: bool) -> str:
-    """The "The cat sat on mat" heatmap as a captioned static figure."""
+def demo_heatmap(*, causal: bool, lang: str = "en") -> str:
+    """The "The cat sat on mat" heatmap as a static SVG, hatched where the mask hides keys."""
     tokens = chapter.DEMO_TOKENS
-    state = "on" if causal else "off"
-    svg = heatmap_svg(
+    n = len(tokens)
+    masked = np.triu(np.ones((n, n), dtype=bool), k=1) if causal else None
+    state = t("mask_on" if causal else "mask_off", lang)
+    return heatmap_svg(
         tokens,
         chapter.demo_weights(tokens, causal=causal),
-        label=f"Attention weights, causal mask {state}",
+        label=state,
+        masked=masked,
+        lang=lang,
+        salt=f"hm-{lang}-{'on' if causal else 'off'}",
     )
-    caption = (
-        f"Causal mask {state}. Rows are the tokens that look (queries), columns the tokens "
-        "looked at (keys); every row adds up to 100%."
-    )
-    return f'<figure class="pa-heatmap-figure">{svg}<figcaption>{caption}</figcaption></figure>'
 
 
 # -- order and causality ------------------------------------------------------
 
 
-def permutation_markdown() -> str:
-    """The permutation experiment on float32 and float64, in absolute terms and in ULPs."""
-    import numpy
+@cache
+def permutation_bits() -> dict[str, int]:
+    """How many output entries are bit-identical between ``head(P x)`` and ``P head(x)``.
 
-    lines = [
-        "| dtype | permutation | largest difference | in ULPs |",
-        "|---|---|---:|---:|",
-    ]
-    for dtype in (numpy.float32, numpy.float64):
-        rep = chapter.permutation_check(dtype=dtype)
-        lines.append(
-            f"| {numpy.dtype(dtype).name} | {rep.perm} | {rep.max_abs_diff:.3g} | {rep.max_ulp:g} |"
-        )
-    return "\n".join(lines) + "\n"
+    Float32 on NumPy, the chapter's defaults: this turns "equal up to
+    rounding" into a count a reader can check.
+    """
+    import portattn as pa
+    from portattn._head import standard_normal
+
+    rep = chapter.permutation_check()
+    perm = list(rep.perm)
+    head = pa.Head.random(8, 8, seed=0)
+    x = standard_normal((4, 8), seed=10_000).astype(np.float32)
+    a = np.asarray(head(x[perm]))
+    b = np.asarray(head(x))[perm]
+    same = int(np.sum(a.view(np.uint32) == b.view(np.uint32)))
+    rows_same = int(np.sum(np.all(a.view(np.uint32) == b.view(np.uint32), axis=1)))
+    return {"entries": a.size, "same": same, "rows": a.shape[0], "rows_same": rows_same}
 
 
 CAUSALITY = {"seq_len": 4, "d_model": 8}
@@ -222,14 +286,15 @@ def causality() -> chapter.CausalityReport:
     return chapter.causality_check(**CAUSALITY)
 
 
-def causality_markdown(*, causal: bool) -> str:
+def causality_markdown(*, causal: bool, lang: str = "en") -> str:
     """Changed bits per earlier output row after the last token is rewritten."""
     rep = causality()
     bits = rep.changed_bits_masked if causal else rep.changed_bits_unmasked
     row_bits = CAUSALITY["d_model"] * 32  # one float32 output row
-    lines = [
-        "| earlier output row (token) | bits changed | bits in the row |",
-        "|---:|---:|---:|",
-    ]
+    head = {
+        "en": "| earlier output row (token) | bits changed | bits in the row |",
+        "ja": "| 前の出力行(トークン) | 変わったビット数 | 行のビット数 |",
+    }[lang]
+    lines = [head, "|---:|---:|---:|"]
     lines += [f"| {i} | {b} | {row_bits} |" for i, b in enumerate(bits)]
     return "\n".join(lines) + "\n"

@@ -11,11 +11,47 @@ import portattn
 
 
 def _relative(path: str) -> str:
-    root = Path(portattn.__file__).resolve().parents[2]
+    """``src/portattn/...``: the file's place in the repository, wherever portattn is installed.
+
+    A site built against an installed copy (nox installs the package) would
+    otherwise show ``site-packages/portattn/...``.
+    """
+    package = Path(portattn.__file__).resolve().parent
     try:
-        return Path(path).resolve().relative_to(root).as_posix()
+        inside = Path(path).resolve().relative_to(package).as_posix()
     except ValueError:
         return Path(path).name
+    return f"src/portattn/{inside}"
+
+
+def find(marker: str) -> Any:
+    """The first function or method in portattn whose source contains ``marker``.
+
+    Lets a page quote "the line that mixes the values" without naming the
+    module it lives in, so the quote survives code moving between modules.
+    A marker found nowhere raises, and the build fails.
+    """
+    import importlib
+    import pkgutil
+
+    for info in sorted(pkgutil.walk_packages(portattn.__path__, "portattn."), key=lambda i: i.name):
+        module = importlib.import_module(info.name)
+        for _, obj in sorted(vars(module).items()):
+            candidates = [obj]
+            if inspect.isclass(obj):
+                candidates += [v for _, v in sorted(vars(obj).items())]
+            for c in candidates:
+                c = getattr(c, "__func__", c)
+                if not inspect.isfunction(c) or c.__module__ != info.name:
+                    continue
+                try:
+                    text = inspect.getsource(c)
+                except (OSError, TypeError):  # generated code (dataclasses) has no file
+                    continue
+                if marker in text:
+                    return c
+    msg = f"{marker!r} not found in any function of portattn"
+    raise LookupError(msg)
 
 
 def show(obj: Any, *, start: str | None = None, stop: str | None = None) -> str:
@@ -40,5 +76,7 @@ def show(obj: Any, *, start: str | None = None, stop: str | None = None) -> str:
             raise LookupError(msg)
     text = textwrap.dedent("".join(lines[lo:hi])).rstrip()
     where = _relative(inspect.getsourcefile(obj) or "")
-    title = f"{where}, lines {first + lo} to {first + hi - 1}"
+    last = first + hi - 1
+    lines_ = f"line {last}" if hi - lo == 1 else f"lines {first + lo} to {last}"
+    title = f"{where}, {lines_}"
     return f'```python linenums="{first + lo}" title="{title}"\n{text}\n```\n'

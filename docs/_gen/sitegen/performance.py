@@ -1,0 +1,275 @@
+"""The Performance page, read from the benchmark record (``benchmarks/results/cpu.json``).
+
+The record's format belongs to the benchmark script and may grow: everything
+here reads it with ``.get`` and skips what is missing, so a new field never
+breaks the build and a missing one shows as "not in this record".
+
+Series are grouped: colour names the code path (auto, blockwise, ...) and
+line style and marker name the library, with the Okabe-Ito palette.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from . import plotting
+
+RECORD = Path("benchmarks/results/cpu.json")
+LIBRARIES = ("numpy", "torch", "jax", "cupy", "dask", "array-api-strict")
+
+
+@cache
+def record(path: str = str(RECORD)) -> dict[str, Any]:
+    """The benchmark record, or an empty one when the file is missing."""
+    p = Path(path)
+    if not p.is_file():
+        return {}
+    data = json.loads(p.read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def split(subject: str) -> tuple[str, str]:
+    """``"portattn torch blockwise"`` -> ``("torch", "blockwise")``; references keep their name.
+
+    ``"torch SDPA"`` -> ``("torch", "SDPA")``, ``"plain numpy"`` -> ``("numpy", "plain")``.
+    """
+    words = subject.split()
+    if words[:1] == ["portattn"] and len(words) >= 2:
+        return words[1], " ".join(words[2:]) or "default"
+    lib = next((w for w in words if w.lower() in LIBRARIES), words[0] if words else "?")
+    rest = " ".join(w for w in words if w != lib) or subject
+    return lib.lower(), f"{rest} (reference)"
+
+
+def _order(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def _styles(subjects: list[str]) -> dict[str, dict[str, Any]]:
+    libs = _order(split(s)[0] for s in subjects)
+    paths = _order(split(s)[1] for s in subjects)
+    out = {}
+    for s in subjects:
+        lib, path = split(s)
+        li, pi = libs.index(lib), paths.index(path)
+        out[s] = {
+            "color": plotting.SERIES[pi % len(plotting.SERIES)],
+            "ls": plotting.LINESTYLES[li % len(plotting.LINESTYLES)],
+            "marker": plotting.MARKERS[li % len(plotting.MARKERS)],
+        }
+    return out
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def measured_markdown() -> str:
+    """The paragraph saying where and how the record was measured."""
+    rec = record()
+    if not rec:
+        return f"No benchmark record at `{RECORD}`: run `nox -s bench`.\n"
+    m = rec.get("machine", {}) or {}
+    blas = ", ".join(
+        f"{b.get('internal_api', '?')} {b.get('version', '')} "
+        f"({b.get('architecture', '?')}, {b.get('num_threads', '?')} threads)"
+        for b in m.get("blas", []) or []
+    )
+    parts = [
+        f"**Measured** {str(rec.get('date', '?'))[:10]} on {m.get('cpu', '?')}, "
+        f"{m.get('cores', '?')} cores (Python {m.get('python', '?')}, NumPy "
+        f"{m.get('numpy', '?')}{' with ' + blas if blas else ''}; torch {m.get('torch', '?')}"
+        f" with {m.get('torch_threads', '?')} threads)."
+    ]
+    if "load_before" in rec:
+        parts.append(
+            f"Load average {rec.get('load_before')} before the run and {rec.get('load_after')} "
+            "after: other work shared the cores, so compare ratios within the run rather "
+            "than absolute times."
+        )
+    out = " ".join(parts) + "\n\n"
+    c = rec.get("config", {}) or {}
+    if c:
+        out += (
+            f"Shapes: B={c.get('B')}, H={c.get('H')}, d={c.get('d')}, {c.get('dtype')}. "
+            "Throughput counts 4·B·H·Lq·Lk·d FLOPs (halved for causal), over the median "
+            "of interleaved runs.\n\n"
+        )
+    for s in rec.get("skipped", []) or []:
+        out += f"Not measured: {s}.\n\n"
+    return out
+
+
+def throughput_figure() -> str:
+    """GFLOP/s against N, not causal and causal; legend outside the axes; stacked on phones."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in record().get("throughput", []) or [] if isinstance(r, dict)]
+    rows = [r for r in rows if _num(r.get("n")) and _num(r.get("gflops"))]
+    if not rows:
+        return "<p>No throughput in this record.</p>"
+    subjects = _order(str(r.get("subject")) for r in rows)
+    style = _styles(subjects)
+    panels = [c for c in (False, True) if any(bool(r.get("causal")) == c for r in rows)]
+
+    def draw(narrow: bool) -> Any:
+        shape = (len(panels), 1) if narrow else (1, len(panels))
+        size = (plotting.width(narrow), 3.3 * len(panels) + 1.6 if narrow else 3.8)
+        fig, axes = plt.subplots(*shape, figsize=size, sharey=True, squeeze=False)
+        for ax, causal in zip(axes.flat, panels, strict=True):
+            for s in subjects:
+                pts = sorted(
+                    (float(r["n"]), float(r["gflops"]))
+                    for r in rows
+                    if r.get("subject") == s and bool(r.get("causal")) == causal
+                )
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), label=s, lw=1.6, ms=4, **style[s])
+            ax.set(xscale="log", yscale="log", xlabel="N (= Lq = Lk)")
+            ax.set_title("causal" if causal else "not causal")
+            ax.set_ylabel("GFLOP/s")
+            ax.grid(True, which="major", lw=0.5)
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        if narrow:
+            fig.legend(handles, labels, loc="lower center", ncols=2, bbox_to_anchor=(0.5, 0))
+            fig.tight_layout(rect=(0, 0.22 if len(subjects) > 4 else 0.12, 1, 1))
+        else:
+            fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5))
+            fig.tight_layout()
+        return fig
+
+    return plotting.figure(
+        draw,
+        label="throughput against N",
+        name="perf-throughput",
+        caption="Throughput against N. Colour: the code path; line style and marker: the "
+        "library. Higher is better.",
+    )
+
+
+def _pivot(rows: list[dict[str, Any]], value: str, fmt: str, caption: str, key: str) -> str:
+    subjects = _order(str(r.get("subject")) for r in rows)
+    ns = sorted({int(r["n"]) for r in rows})
+    cell = {(int(r["n"]), str(r.get("subject"))): r for r in rows}
+    head = "".join(f"<th>{s}</th>" for s in subjects)
+    body = ""
+    for n in ns:
+        tds = []
+        for s in subjects:
+            r = cell.get((n, s))
+            v = _num(r.get(value)) if r else None
+            tds.append(f"<td>{fmt.format(v) if v is not None else '—'}</td>")
+        body += f"<tr><td>{n}</td>{''.join(tds)}</tr>"
+    return (
+        f'<table data-pa-table="{key}"><caption>{caption}</caption>'
+        f"<thead><tr><th>N</th>{head}</tr></thead><tbody>{body}</tbody></table>\n"
+    )
+
+
+def throughput_tables() -> str:
+    """Pivot tables N by subject, one per (causal, library): GFLOP/s."""
+    rows = [r for r in record().get("throughput", []) or [] if isinstance(r, dict)]
+    rows = [r for r in rows if _num(r.get("n")) is not None and "subject" in r]
+    if not rows:
+        return ""
+    out = []
+    for causal in (False, True):
+        part = [r for r in rows if bool(r.get("causal")) == causal]
+        for lib in _order(split(str(r["subject"]))[0] for r in part):
+            mine = [r for r in part if split(str(r["subject"]))[0] == lib]
+            what = "causal" if causal else "not causal"
+            out.append(
+                '<div class="pa-table-wrap">'
+                + _pivot(
+                    mine,
+                    "gflops",
+                    "{:.1f}",
+                    f"GFLOP/s, {lib}, {what}",
+                    f"throughput-{lib}-{'causal' if causal else 'full'}",
+                )
+                + "</div>"
+            )
+    return "\n".join(out)
+
+
+def memory_figure() -> str:
+    """Peak extra memory against N, with the 2 x (inputs + output) target."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in record().get("memory", []) or [] if isinstance(r, dict)]
+    rows = [r for r in rows if _num(r.get("n")) and _num(r.get("peak_bytes"))]
+    if not rows:
+        return "<p>No memory measurements in this record.</p>"
+    subjects = _order(str(r.get("subject")) for r in rows)
+    style = _styles(subjects)
+
+    def draw(narrow: bool) -> Any:
+        fig, ax = plt.subplots(figsize=(plotting.width(narrow), 3.6 if not narrow else 4.2))
+        for s in subjects:
+            pts = sorted(
+                (float(r["n"]), float(r["peak_bytes"]) / 2**20) for r in rows if r["subject"] == s
+            )
+            ax.plot(*zip(*pts, strict=True), label=s, lw=1.6, ms=4, **style[s])
+        target = sorted(
+            {
+                (float(r["n"]), 2 * float(r["inputs_plus_output_bytes"]) / 2**20)
+                for r in rows
+                if _num(r.get("inputs_plus_output_bytes"))
+            }
+        )
+        if target:
+            ax.plot(
+                *zip(*target, strict=True),
+                ls=":",
+                color=plotting.MUTED,
+                label="2 × (inputs + output)",  # noqa: RUF001
+            )
+        ax.set(xscale="log", yscale="log", xlabel="N", ylabel="peak extra MiB")
+        ax.grid(True, which="major", lw=0.5)
+        if narrow:
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=1)
+        else:
+            ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
+        fig.tight_layout()
+        return fig
+
+    return plotting.figure(
+        draw,
+        label="peak memory against N",
+        name="perf-memory",
+        caption="Peak extra memory of one call against N. Lower is better.",
+    )
+
+
+def memory_table() -> str:
+    """Pivot N by subject: peak MiB."""
+    rows = [r for r in record().get("memory", []) or [] if isinstance(r, dict)]
+    rows = [r for r in rows if _num(r.get("n")) is not None and "subject" in r]
+    if not rows:
+        return ""
+    mib = [
+        dict(r, peak_mib=float(r["peak_bytes"]) / 2**20) for r in rows if _num(r.get("peak_bytes"))
+    ]
+    return (
+        '<div class="pa-table-wrap">'
+        + _pivot(mib, "peak_mib", "{:.1f}", "Peak extra MiB", "memory")
+        + "</div>"
+    )
+
+
+def small_calls_markdown() -> str:
+    """The per-call overhead table at the chapter's size."""
+    ch = record().get("chapter", {}) or {}
+    med = ch.get("median_us", {}) or {}
+    ratio = ch.get("ratio_to_plain", {}) or {}
+    if not med:
+        return "Not in this record.\n"
+    lines = ["| call | median µs | × hand-written NumPy |", "| --- | ---: | ---: |"]  # noqa: RUF001
+    for name, us in med.items():
+        r = _num(ratio.get(name))
+        lines.append(f"| {name} | {float(us):.1f} | {f'{r:.2f}' if r is not None else '—'} |")
+    return "\n".join(lines) + "\n"
