@@ -58,11 +58,14 @@ def attention(
     Parameters
     ----------
     query : array, shape (..., Lq, d)
+        Queries, one row per query position.
     key : array, shape (..., Lk, d)
+        Keys, one row per key position, matched against the queries.
     value : array, shape (..., Lk, dv)
-        Real floating arrays from one library, on one device. Leading batch
-        dimensions broadcast. float16 and bfloat16 are computed in float32
-        and cast back; float64 stays float64.
+        Values, mixed by the weights. All three are real floating arrays
+        from one library, on one device. Leading batch dimensions
+        broadcast. float16 and bfloat16 are computed in float32 and cast
+        back; float64 stays float64.
     mask : bool array, optional
         Broadcastable to (..., Lq, Lk). True where a query may attend.
     bias : real floating array, optional
@@ -240,7 +243,9 @@ def attention_weights(
     Parameters
     ----------
     query : array, shape (..., Lq, d)
+        Queries, as in :func:`attention`.
     key : array, shape (..., Lk, d)
+        Keys, as in :func:`attention`.
     mask, bias, causal, scale, window, key_lengths, query_lengths, softcap
         As in :func:`attention`.
 

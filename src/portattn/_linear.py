@@ -129,9 +129,11 @@ def linear_attention(
     Parameters
     ----------
     query : array, shape (..., Lq, d)
+        Queries, passed through the feature map.
     key : array, shape (..., Lk, d)
+        Keys, passed through the feature map.
     value : array, shape (..., Lk, dv)
-        Real floating, batch dimensions broadcast.
+        Values. All three real floating; batch dimensions broadcast.
     causal : bool, optional
         Query ``i`` sees keys ``j <= i``; requires ``Lq == Lk``. Only
         ``True`` and ``False`` (or NumPy bools) are accepted.
@@ -227,8 +229,9 @@ def linear_attention_step(
     Parameters
     ----------
     query, key : array, shape (..., d)
+        The current token's query and key.
     value : array, shape (..., dv)
-        The current token; batch dimensions broadcast.
+        The current token's value; batch dimensions broadcast.
     state : LinearAttentionState, optional
         The state after the previous tokens, as a previous call returned it:
         ``kv`` of shape (..., d, dv) and ``normalizer`` (..., d), in the

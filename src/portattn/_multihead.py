@@ -63,10 +63,12 @@ class MultiHeadAttention:
     Parameters
     ----------
     wq : array, shape (d_model, H * d_head)
+        Query projection: head ``h`` uses columns ``h*d_head`` to ``(h+1)*d_head``.
     wk, wv : array, shape (d_context, Hkv * d_head)
         ``d_context == d_model`` for self-attention; cross-attention may read
         a context of another width.
     wo : array, shape (H * d_head, d_model)
+        Output projection, mixing the concatenated heads.
     num_heads : int
         ``H``; must divide ``wq.shape[1]``.
     num_kv_heads : int, optional
@@ -82,6 +84,7 @@ class MultiHeadAttention:
     Attributes
     ----------
     num_heads, num_kv_heads, d_head, d_model, d_context : int
+        ``H``, ``Hkv``, the head width, and the widths of ``x`` and of the context.
     group_size : int
         ``H // Hkv``, query heads per KV head.
 
@@ -307,10 +310,15 @@ class MultiHeadAttention:
         Parameters
         ----------
         in_proj_weight : array, shape (3 * d_model, d_model)
+            torch's ``in_proj_weight``: the query, key and value weights stacked.
         out_proj_weight : array, shape (d_model, d_model)
+            torch's ``out_proj.weight``.
         num_heads : int
+            Number of heads; must divide ``d_model``.
         in_proj_bias : array, shape (3 * d_model,), optional
+            torch's ``in_proj_bias``; ``None`` for a layer built with ``bias=False``.
         out_proj_bias : array, shape (d_model,), optional
+            torch's ``out_proj.bias``; ``None`` for a layer built with ``bias=False``.
 
         Returns
         -------

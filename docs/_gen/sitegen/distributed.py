@@ -75,45 +75,57 @@ def grid_svg() -> str:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    from sitegen.figures import _svg
+    from sitegen import plotting
 
     gs = grids()
-    fig, axes = plt.subplots(1, len(gs), figsize=(3.3 * len(gs), 3.6))
-    for ax, g in zip(axes, gs, strict=True):
-        for i in range(g.chunks):
-            for j in range(g.chunks):
-                task = (i, j) in g.pairs
-                ax.add_patch(
-                    Rectangle(
-                        (j, i),
-                        0.92,
-                        0.92,
-                        facecolor="#3f51b5" if task else "white",
-                        edgecolor="#3f51b5" if task else "#bbbbbb",
-                        hatch=None if task else "////",
-                        linewidth=0.8,
-                    )
-                )
-        ax.set_xlim(-0.1, g.chunks)
-        ax.set_ylim(g.chunks, -0.1)
-        ax.set_aspect("equal")
-        ax.set_xticks([c + 0.46 for c in range(g.chunks)], range(g.chunks), fontsize=7)
-        ax.set_yticks([c + 0.46 for c in range(g.chunks)], range(g.chunks), fontsize=7)
-        ax.tick_params(length=0)
-        for side in ax.spines.values():
-            side.set_visible(False)
-        ax.set_xlabel("key chunk j", fontsize=8)
-        ax.set_title(
-            f"{g.title}: {len(g.pairs)} of {g.chunks**2} pairs\n"
-            f"{g.merges} merge tasks, {g.tasks} tasks in all",
-            fontsize=8,
-        )
-    axes[0].set_ylabel("query chunk i", fontsize=8)
-    fig.tight_layout()
-    return _svg(
-        fig,
+
+    def draw(narrow: bool) -> Any:
+        # Side by side on screens, stacked on phones (text stays >= 9 px at 390 px).
+        shape = (len(gs), 1) if narrow else (1, len(gs))
+        size = (plotting.NARROW_IN, 3.9 * len(gs)) if narrow else (3.3 * len(gs), 3.6)
+        fig, axes = plt.subplots(*shape, figsize=size, squeeze=False)
+        for ax, g in zip(axes.flat, gs, strict=True):
+            _draw_grid(ax, g, Rectangle)
+        axes.flat[0].set_ylabel("query chunk i")
+        fig.tight_layout()
+        return fig
+
+    return plotting.figures_only(
+        draw,
         label="Task grids read from the dask graph: filled squares are pair tasks, "
         "hatched squares are pairs that the mask hides and that get no task",
+        name="dask-grid",
+    )
+
+
+def _draw_grid(ax: Any, g: Grid, rectangle: Any) -> None:
+    """One schedule's grid: pair tasks filled, hidden pairs hatched."""
+    for i in range(g.chunks):
+        for j in range(g.chunks):
+            task = (i, j) in g.pairs
+            ax.add_patch(
+                rectangle(
+                    (j, i),
+                    0.92,
+                    0.92,
+                    facecolor="#3f51b5" if task else "none",
+                    edgecolor="#3f51b5" if task else "#bbbbbb",
+                    hatch=None if task else "////",
+                    linewidth=0.8,
+                )
+            )
+    ax.set_xlim(-0.1, g.chunks)
+    ax.set_ylim(g.chunks, -0.1)
+    ax.set_aspect("equal")
+    ax.set_xticks([c + 0.46 for c in range(g.chunks)], range(g.chunks))
+    ax.set_yticks([c + 0.46 for c in range(g.chunks)], range(g.chunks))
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set_xlabel("key chunk j")
+    ax.set_title(
+        f"{g.title}: {len(g.pairs)} of {g.chunks**2} pairs\n"
+        f"{g.merges} merge tasks, {g.tasks} tasks in all",
     )
 
 

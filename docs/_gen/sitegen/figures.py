@@ -31,6 +31,11 @@ SEQ_LEN = 6
 CHAPTER_PRINTED = {8: (0.347, 0.228), 32: (0.799, 0.343), 64: (0.984, 0.458), 256: (1.000, 0.847)}
 
 
+def _svg(fig: object, *, label: str) -> str:
+    """Kept for pages written against the first edition: see :func:`sitegen.plotting.svg`."""
+    return plotting.svg(fig, label=label)
+
+
 @cache
 def scaling(init: str, dims: tuple[int, ...] = TABLE_DIMS) -> tuple[chapter.ScalingRow, ...]:
     """``chapter.scaling_table`` once per build for each (init, dims)."""

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import torch
 
@@ -202,23 +203,28 @@ def last_layer(arch: str, length: int = 10) -> tuple[tuple[str, ...], torch.Tens
 
 def heads_figure(arch: str = "mistral") -> str:
     """The last layer's heads side by side, as inline SVG with a caption."""
-    import matplotlib.pyplot as plt
 
-    from sitegen.figures import _svg
+    from sitegen import plotting
+    from sitegen.beyond import grid
 
     tokens, weights, cfg = last_layer(arch)
     n = weights.shape[0]
-    fig, axes = plt.subplots(1, n, figsize=(2.9 * n, 3.2))
-    for h, ax in enumerate(axes):
-        ax.imshow(weights[h].numpy(), cmap="viridis", vmin=0, vmax=1)
-        ax.set_title(f"head {h}", fontsize=9)
-        ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=7)
-        ax.set_yticks(range(len(tokens)), tokens, fontsize=7)
-    fig.suptitle(
-        f"{NAMES[arch]}, last layer: attention weights per head (rows: queries, columns: keys)",
-        fontsize=10,
+
+    def draw(narrow: bool) -> Any:
+        # One row on screens, two per row on phones (text stays >= 9 px at 390 px).
+        fig, axes = grid(n, narrow, wide_h=3.4)
+        for h, ax in enumerate(axes):
+            ax.imshow(weights[h].numpy(), cmap="viridis", vmin=0, vmax=1)
+            ax.set_title(f"head {h}")
+            ax.set_xticks(range(len(tokens)), tokens, rotation=90)
+            ax.set_yticks(range(len(tokens)), tokens)
+        fig.suptitle(f"{NAMES[arch]}, last layer (rows: queries, columns: keys)")
+        fig.tight_layout()
+        return fig
+
+    svg = plotting.figures_only(
+        draw, label=f"{NAMES[arch]} attention weights per head", name=f"hf-{arch}"
     )
-    svg = _svg(fig, label=f"{NAMES[arch]} attention weights per head")
     window = getattr(cfg, "sliding_window", None)
     caption = (
         f"The {n} heads of the last layer of a random {NAMES[arch]} "

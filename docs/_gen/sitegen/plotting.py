@@ -117,23 +117,31 @@ def svg(fig: Any, *, label: str, salt: str = "fig") -> str:
     return _svg(fig, label=label, salt=salt)
 
 
-def figure(
-    draw: Callable[[bool], Any], *, label: str, caption: str, name: str, css: str = "pa-plot"
-) -> str:
-    """A captioned figure drawn twice, wide for screens and narrow for phones.
+def figures_only(draw: Callable[[bool], Any], *, label: str, name: str) -> str:
+    """The wide and the narrow drawing, without a <figure> around them.
 
-    ``draw(narrow)`` returns a matplotlib figure; call it inside :func:`style`
-    or let this function do so. ``name`` keeps the two SVGs' ids apart.
+    ``draw(narrow)`` returns a matplotlib figure; it runs inside :func:`style`.
+    ``name`` keeps the two SVGs' ids apart. CSS shows one of the two.
     """
     parts = []
     for narrow in (False, True):
         with style():
             fig = draw(narrow)
         which = "narrow" if narrow else "wide"
+        # The phone layout says so, so the label names one drawing on the page.
+        text = f"{label} (phone layout)" if narrow else label
         parts.append(
-            f'<div class="pa-fig-{which}">{_svg(fig, label=label, salt=f"{name}-{which}")}</div>'
+            f'<div class="pa-fig-{which}">{_svg(fig, label=text, salt=f"{name}-{which}")}</div>'
         )
-    return f'<figure class="{css}">{"".join(parts)}<figcaption>{caption}</figcaption></figure>'
+    return "".join(parts)
+
+
+def figure(
+    draw: Callable[[bool], Any], *, label: str, caption: str, name: str, css: str = "pa-plot"
+) -> str:
+    """A captioned figure drawn twice, wide for screens and narrow for phones."""
+    both = figures_only(draw, label=label, name=name)
+    return f'<figure class="{css}">{both}<figcaption>{caption}</figcaption></figure>'
 
 
 def width(narrow: bool) -> float:

@@ -94,8 +94,11 @@ def attention_forward(
         The model's attention layer. Read for ``is_causal`` (default True),
         ``training`` and ``config.output_attentions``.
     query : torch.Tensor, shape (B, Hq, Lq, d)
+        The layer's queries, after its projections (and RoPE, if any).
     key : torch.Tensor, shape (B, Hkv, Lk, d)
+        The layer's keys, cached ones included.
     value : torch.Tensor, shape (B, Hkv, Lk, dv)
+        The layer's values, cached ones included.
         ``Hq`` must be a multiple of ``Hkv``. The ``Hq // Hkv`` query heads
         of a group share one key/value head through broadcasting: K and V
         are never repeated.
@@ -397,6 +400,7 @@ def tiny_model(arch: str, *, attn_implementation: str, seed: int = 0) -> Any:
     Parameters
     ----------
     arch : {"llama", "mistral", "qwen2", "gemma2", "gpt2"}
+        The architecture whose configuration class builds the model.
     attn_implementation : str
         ``"eager"``, ``"sdpa"``, or a name from :func:`register`.
     seed : int, optional
