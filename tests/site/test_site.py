@@ -363,9 +363,7 @@ def test_masked_cells_are_distinguishable(browser: Any, base_url: str, scheme: s
         page.context.close()
 
 
-def test_widget_mask_toggle_zeroes_upper_triangle(
-    chapter_page: tuple[Any, Visit], screenshots: Path
-) -> None:
+def test_widget_mask_toggle_zeroes_upper_triangle(chapter_page: tuple[Any, Visit]) -> None:
     page, visit = chapter_page
     toggle = page.locator(".pa-heatmap .pa-hm-toggle")
     upper = np.triu_indices(len(chapter.DEMO_TOKENS), k=1)
@@ -384,7 +382,6 @@ def test_widget_mask_toggle_zeroes_upper_triangle(
     assert all(texts[i][j] == "—" for i, j in zip(*upper, strict=True))
     np.testing.assert_allclose(on, to_numpy(chapter.demo_weights(causal=True)), rtol=1e-6)
     visit.assert_clean()
-    page.locator(".pa-heatmap").screenshot(path=str(screenshots / "widget-causal.png"))
 
 
 def _percentages(sentence: str) -> dict[str, int]:
@@ -428,7 +425,7 @@ def test_widget_is_keyboard_accessible(chapter_page: tuple[Any, Visit]) -> None:
     assert page.locator(".pa-heatmap .pa-hm-toggle").get_attribute("aria-checked") == "false"
 
 
-def test_static_fallback_without_javascript(browser: Any, base_url: str, screenshots: Path) -> None:
+def test_static_fallback_without_javascript(browser: Any, base_url: str) -> None:
     page, visit = _open(browser, f"{base_url}/chapter/", javascript=False)
     try:
         assert visit.outside == []
@@ -447,7 +444,6 @@ def test_static_fallback_without_javascript(browser: Any, base_url: str, screens
         assert stills.first.locator("linearGradient").count() == 1
         assert page.locator(".pa-heatmap .pa-hm-cell").count() == 0
         assert page.locator(".pa-playground noscript table").count() == 1
-        page.locator(".pa-heatmap").screenshot(path=str(screenshots / "widget-no-js.png"))
     finally:
         page.context.close()
 
