@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ._blockwise import blockwise_attention
+from ._autodiff import differentiable_blockwise
 from ._lib._checks import check_flag, check_int_pair
 from ._lib._compat import array_namespace, is_dask_namespace
 from ._lib._precision import narrow
@@ -201,7 +201,9 @@ def solve(
     elif impl == "native":
         out, lse = native_attention(p, return_lse=want_lse, xp=xp)
     elif impl == "blockwise":
-        out, lse = blockwise_attention(p, block_size=sizes, xp=xp)
+        # Plain blockwise where no gradient can be asked for; otherwise the
+        # library's autodiff gets the O(N) backward (_autodiff, _blockwise_grad).
+        out, lse = differentiable_blockwise(p, block_size=sizes, xp=xp)
     else:
         out, lse = materialize_attention(p, want_lse=want_lse, xp=xp)
     out = narrow(out, p.out_dtype, xp=xp)

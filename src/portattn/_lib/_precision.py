@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._compat import is_jax_namespace, is_torch_namespace
 from ._typing import Array, DType, Namespace
 
 __all__ = ["compute_dtype", "narrow"]
@@ -21,11 +22,14 @@ def narrow(x: Array, dtype: DType, *, xp: Namespace) -> Array:
     number are flushed to zero first: a cast into the subnormal range raises
     numpy's underflow flag, and those values carry no precision worth the
     flag (they are below 6.1e-5 for float16, far under its 1e-3 resolution of
-    an O(1) attention output).
+    an O(1) attention output). torch and JAX raise no such flag, and there the
+    flush would cut the gradient of those entries (the ``where`` passes none
+    through), so they cast directly.
     """
     if x.dtype == dtype:
         return x
-    if xp.finfo(dtype).bits < xp.finfo(x.dtype).bits and xp.finfo(dtype).bits <= 16:
+    flags = not (is_torch_namespace(xp) or is_jax_namespace(xp))
+    if flags and xp.finfo(dtype).bits < xp.finfo(x.dtype).bits and xp.finfo(dtype).bits <= 16:
         tiny = float(xp.finfo(dtype).smallest_normal)
         x = xp.where(xp.abs(x) < tiny, xp.zeros_like(x), x)
     return xp.astype(x, dtype)

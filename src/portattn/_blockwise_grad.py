@@ -1,0 +1,226 @@
+"""The backward pass of blockwise attention (FlashAttention-2, Dao 2023), written once.
+
+Given the forward's output ``O`` and log-sum-exp ``lse`` (..., Lq), and the
+cotangents ``dO`` of the output and ``dlse`` of the log-sum-exp, every tile
+of probabilities is recomputed from the scores, ``P = exp(s - lse)``, and
+
+- ``dV = Pᵀ dO``,
+- ``dP = dO Vᵀ``,
+- ``dS = P ∘ (dP - D)`` with ``D = rowsum(dO ∘ O) - dlse``
+  (``d lse / d s = P``, so the lse's cotangent only shifts ``D``),
+- through the soft cap ``t = tanh(s₀ / c) · c``: ``dS₀ = dS ∘ (1 - tanh²(s₀ / c))``,
+- ``dQ = dS₀ K`` and ``dK = dS₀ᵀ Q``; the bias gets ``dS``.
+
+The (Lq, Lk) matrices are never formed: key blocks are the outer loop (their
+``dK``, ``dV`` accumulate locally) and query blocks the inner one (their
+``dQ`` accumulates in a list), so extra memory is O((Lq + Lk) d) plus a few
+tiles. Tiles that ``causal``/``window`` hide entirely are skipped, exactly as
+the forward skips them (:meth:`~portattn._masks.Structure.key_range`), and
+tiles that nothing hides build no mask (:meth:`Problem.allowed
+<portattn._problem.Problem.allowed>`).
+
+``q`` is the problem's ``q``: already multiplied by the scale and in the
+compute dtype, so ``dQ`` is the gradient with respect to that ``q``; the
+library's autodiff carries it back through ``prepare``'s scale and cast.
+Masks and lengths have no gradient. A row that sees nothing (``lse = -inf``)
+has ``P = 0`` and contributes exact zeros, never NaN.
+
+Everything here is plain array API code: the adapters in
+:mod:`portattn._autodiff` only register it with torch and JAX.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ._blockwise import _exp_cannot_underflow, block_sizes
+from ._lib._typing import Array, Namespace
+from ._problem import Problem
+from ._softmax import exp_floor, safe_exp
+
+__all__ = ["Grads", "blockwise_backward", "sum_to"]
+
+
+@dataclass(slots=True)
+class Grads:
+    """Gradients shaped like the problem's ``q``, ``k``, ``v`` and ``bias`` (``None`` if absent)."""
+
+    q: Array
+    k: Array
+    v: Array
+    bias: Array | None
+
+
+def sum_to(x: Array, shape: tuple[int, ...], *, xp: Namespace) -> Array:
+    """Sum ``x`` over the axes that broadcasting added or stretched, so that it has ``shape``."""
+    if tuple(x.shape) == shape:
+        return x
+    lead = x.ndim - len(shape)
+    if lead > 0:
+        x = xp.sum(x, axis=tuple(range(lead)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
+    if axes:
+        x = xp.sum(x, axis=axes, keepdims=True)
+    return x
+
+
+def blockwise_backward(
+    p: Problem,
+    out: Array,
+    lse: Array,
+    d_out: Array,
+    d_lse: Array | None,
+    *,
+    block_size: tuple[int, int] | None,
+    want_bias: bool = True,
+    xp: Namespace,
+) -> Grads:
+    """Gradients of ``(out, lse) = blockwise_attention(p)`` for cotangents ``(d_out, d_lse)``.
+
+    ``out`` (..., Lq, dv) and ``lse`` (..., Lq) are the forward's results on
+    the full batch shape; ``d_out`` has ``out``'s shape and ``d_lse``
+    ``lse``'s (``None`` means zero). ``want_bias=False`` skips the bias's
+    gradient, which for a full (Lq, Lk) bias is as large as the bias.
+    """
+    bq, bk = block_sizes(block_size, xp=xp, batch=p.batch)
+    dtype = p.q.dtype
+    want_bias = want_bias and p.bias is not None
+    if p.lq == 0 or p.lk == 0:
+        return _zeros(p, want_bias=want_bias, xp=xp)
+    floor = None if _exp_cannot_underflow(p, xp=xp) else exp_floor(dtype, xp=xp)
+
+    # D = rowsum(dO ∘ O) - dlse, and the lse as a column; a row that saw
+    # nothing (lse = -inf) is shifted by 0 so that -inf - -inf never happens.
+    delta = xp.sum(d_out * out, axis=-1, keepdims=True)  # (..., Lq, 1)
+    if d_lse is not None:
+        delta = delta - d_lse[..., None]
+    lse_col = xp.where(lse == -math.inf, 0.0, lse)[..., None]  # (..., Lq, 1)
+    neg_inf = xp.asarray(-math.inf, dtype=dtype, device=p.device)
+
+    q_shape, k_shape, v_shape = tuple(p.q.shape), tuple(p.k.shape), tuple(p.v.shape)
+    q_starts = list(range(0, p.lq, bq))
+    key_ranges = [p.structure.key_range(q0, min(q0 + bq, p.lq)) for q0 in q_starts]
+    dq_blocks: list[Array | None] = [None] * len(q_starts)
+    dk_blocks: list[Array] = []
+    dv_blocks: list[Array] = []
+    bias_tiles: dict[tuple[int, int], Array] = {}
+    bias_rows = want_bias and p.bias is not None and p.bias.shape[-2] != 1
+    bias_cols = want_bias and p.bias is not None and p.bias.shape[-1] != 1
+
+    for kj, k0 in enumerate(range(0, p.lk, bk)):
+        k1 = min(k0 + bk, p.lk)
+        k_blk = p.k[..., k0:k1, :]  # (..., bk, d)
+        k_t = xp.matrix_transpose(k_blk)
+        v_blk = p.v[..., k0:k1, :]  # (..., bk, dv)
+        v_t = xp.matrix_transpose(v_blk)
+        dk_acc = dv_acc = None
+        for qi, q0 in enumerate(q_starts):
+            lo, hi = key_ranges[qi]
+            if hi <= lo or hi <= k0 or lo >= k1:  # positions hide the whole tile
+                continue
+            q1 = min(q0 + bq, p.lq)
+            qb = p.q[..., q0:q1, :]  # (..., bq, d)
+            s = qb @ k_t  # (..., bq, bk)
+            capped = None
+            if p.softcap is not None:
+                capped = xp.tanh(s / p.softcap)
+                s = capped * p.softcap
+            bias = p.bias_tile(q0, q1, k0, k1)
+            if bias is not None:
+                s = s + bias
+            allowed = p.allowed(q0, q1, k0, k1, xp=xp)
+            if allowed is not None:
+                s = xp.where(allowed, s, neg_inf)
+            z = s - lse_col[..., q0:q1, :]
+            prob = xp.exp(z) if floor is None else safe_exp(z, floor, xp=xp)  # P
+            d_out_blk = d_out[..., q0:q1, :]  # (..., bq, dv)
+            dv_part = sum_to(
+                xp.matrix_transpose(prob) @ d_out_blk, (*v_shape[:-2], k1 - k0, p.dv), xp=xp
+            )
+            dv_acc = dv_part if dv_acc is None else dv_acc + dv_part
+            ds = prob * (d_out_blk @ v_t - delta[..., q0:q1, :])  # dS = P ∘ (dP - D)
+            if want_bias:
+                assert p.bias is not None
+                key = (qi if bias_rows else 0, kj if bias_cols else 0)
+                tile_shape = (
+                    *p.bias.shape[:-2],
+                    q1 - q0 if bias_rows else 1,
+                    k1 - k0 if bias_cols else 1,
+                )
+                part = sum_to(ds, tile_shape, xp=xp)
+                bias_tiles[key] = part if key not in bias_tiles else bias_tiles[key] + part
+            if capped is not None:
+                ds = ds * (1.0 - capped * capped)  # d tanh(x) = 1 - tanh(x)²
+            dq_part = sum_to(ds @ k_blk, (*q_shape[:-2], q1 - q0, q_shape[-1]), xp=xp)
+            prev = dq_blocks[qi]
+            dq_blocks[qi] = dq_part if prev is None else prev + dq_part
+            dk_part = sum_to(
+                xp.matrix_transpose(ds) @ qb, (*k_shape[:-2], k1 - k0, k_shape[-1]), xp=xp
+            )
+            dk_acc = dk_part if dk_acc is None else dk_acc + dk_part
+        if dk_acc is None or dv_acc is None:  # no query sees this key block
+            dk_acc = xp.zeros((*k_shape[:-2], k1 - k0, k_shape[-1]), dtype=dtype, device=p.device)
+            dv_acc = xp.zeros((*v_shape[:-2], k1 - k0, p.dv), dtype=dtype, device=p.device)
+        dk_blocks.append(dk_acc)
+        dv_blocks.append(dv_acc)
+
+    dq_parts = []
+    for qi, q0 in enumerate(q_starts):
+        blk = dq_blocks[qi]
+        if blk is None:  # this query block sees no key
+            q1 = min(q0 + bq, p.lq)
+            blk = xp.zeros((*q_shape[:-2], q1 - q0, q_shape[-1]), dtype=dtype, device=p.device)
+        dq_parts.append(blk)
+    d_bias = None
+    if want_bias:
+        d_bias = _assemble_bias(p, bias_tiles, bq, bk, rows=bias_rows, cols=bias_cols, xp=xp)
+    return Grads(
+        q=_concat(dq_parts, axis=-2, xp=xp),
+        k=_concat(dk_blocks, axis=-2, xp=xp),
+        v=_concat(dv_blocks, axis=-2, xp=xp),
+        bias=d_bias,
+    )
+
+
+def _concat(parts: list[Array], *, axis: int, xp: Namespace) -> Array:
+    return parts[0] if len(parts) == 1 else xp.concat(parts, axis=axis)
+
+
+def _assemble_bias(
+    p: Problem,
+    tiles: dict[tuple[int, int], Array],
+    bq: int,
+    bk: int,
+    *,
+    rows: bool,
+    cols: bool,
+    xp: Namespace,
+) -> Array:
+    """The bias's gradient from its tiles; tiles no query saw are zeros."""
+    assert p.bias is not None
+    batch = tuple(p.bias.shape[:-2])
+    row_spans = [(q0, min(q0 + bq, p.lq)) for q0 in range(0, p.lq, bq)] if rows else [(0, 1)]
+    col_spans = [(k0, min(k0 + bk, p.lk)) for k0 in range(0, p.lk, bk)] if cols else [(0, 1)]
+    grid = []
+    for qi, (q0, q1) in enumerate(row_spans):
+        line = []
+        for kj, (k0, k1) in enumerate(col_spans):
+            tile = tiles.get((qi, kj))
+            if tile is None:
+                tile = xp.zeros((*batch, q1 - q0, k1 - k0), dtype=p.bias.dtype, device=p.device)
+            line.append(tile)
+        grid.append(_concat(line, axis=-1, xp=xp))
+    return _concat(grid, axis=-2, xp=xp)
+
+
+def _zeros(p: Problem, *, want_bias: bool, xp: Namespace) -> Grads:
+    def like(x: Array) -> Array:
+        return xp.zeros(tuple(x.shape), dtype=x.dtype, device=p.device)
+
+    return Grads(
+        q=like(p.q),
+        k=like(p.k),
+        v=like(p.v),
+        bias=like(p.bias) if want_bias and p.bias is not None else None,
+    )

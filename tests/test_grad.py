@@ -1,0 +1,367 @@
+"""Gradients: torch autograd and ``jax.grad`` through every impl, and the O(N) blockwise backward.
+
+Oracles: ``torch.autograd.gradcheck`` (finite differences, float64), the
+gradients of torch's ``scaled_dot_product_attention`` and of
+``jax.nn.dot_product_attention``, and a float64 formula written here with
+plain autodiff over the materialised softmax. torch and jax are in the test
+dependency group, so a missing one is an error, not a skip.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import portattn as pa
+from portattn import _attention
+from portattn._blockwise_grad import blockwise_backward
+from portattn._problem import prepare
+
+F = torch.nn.functional
+IMPLS = ("materialize", "blockwise", "native")
+BLOCKS = (4, 3)  # several query and key tiles at the small lengths used here
+
+
+def _t(rng: np.random.Generator, *shape: int, grad: bool = True) -> torch.Tensor:
+    return torch.tensor(rng.standard_normal(shape), dtype=torch.float64, requires_grad=grad)
+
+
+def _kw(impl: str, **kw: Any) -> dict[str, Any]:
+    if impl == "blockwise":
+        kw["block_size"] = BLOCKS
+    return {"impl": impl, **kw}
+
+
+def _grads(out: torch.Tensor, inputs: tuple[torch.Tensor, ...], d_out: torch.Tensor) -> list:
+    return list(torch.autograd.grad(out, inputs, d_out, allow_unused=True))
+
+
+# --- torch: finite differences ---------------------------------------------------------
+
+# (name, options, native can do it)
+CASES = [
+    ("plain", {}, True),
+    ("causal", {"causal": True}, True),
+    ("bottom_right", {"causal": "bottom_right"}, True),
+    ("window", {"window": (2, 1)}, True),
+    ("softcap", {"softcap": 1.5}, False),
+]
+
+
+GRADCHECK = [
+    pytest.param(impl, options, id=f"{impl}-{name}")
+    for name, options, native_ok in CASES
+    for impl in IMPLS
+    if native_ok or impl != "native"  # native refuses softcap (test_native checks that)
+]
+
+
+@pytest.mark.parametrize(("impl", "options"), GRADCHECK)
+def test_gradcheck_torch(rng, impl, options):
+    lq = 11
+    lk = 9 if options.get("causal") == "bottom_right" else lq
+    q, k, v = _t(rng, 2, lq, 4), _t(rng, 2, lk, 4), _t(rng, 2, lk, 3)
+
+    def f(q, k, v):
+        return pa.attention(q, k, v, **_kw(impl, **options))
+
+    # full Jacobians for the new backward once; a random projection (fast_mode) elsewhere
+    assert torch.autograd.gradcheck(f, (q, k, v), fast_mode=bool(options) or impl != "blockwise")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gradcheck_bias_mask_lengths_gqa(rng, impl):
+    # GQA-style broadcasting: two query heads per KV head, bias shared over
+    # the batch, a mask and lengths that leave some rows seeing nothing.
+    b, hkv, g, lq, lk = 2, 2, 2, 13, 10
+    q = _t(rng, b, hkv, g, lq, 4)
+    k, v = _t(rng, b, hkv, 1, lk, 4), _t(rng, b, hkv, 1, lk, 3)
+    bias = _t(rng, 1, hkv, g, lq, lk)
+    mask = torch.from_numpy(rng.random((lq, lk)) < 0.8)
+    mask[3] = False  # a row no key is visible to
+    kl = torch.tensor([lk, 6])[:, None, None]
+    ql = torch.tensor([lq - 2, lq])[:, None, None]
+
+    def f(q, k, v, bias):
+        return pa.attention(
+            q,
+            k,
+            v,
+            **_kw(impl, bias=bias, mask=mask, key_lengths=kl, query_lengths=ql, causal="top_left"),
+        )
+
+    assert torch.autograd.gradcheck(f, (q, k, v, bias), fast_mode=True)
+    out = f(q, k, v, bias)
+    dq, dk, dv, db = _grads(out, (q, k, v, bias), torch.ones_like(out))
+    assert dq.shape == q.shape and dk.shape == k.shape and db.shape == bias.shape
+    for grad in (dq, dk, dv, db):
+        assert torch.isfinite(grad).all()
+    assert (dq[..., 3, :] == 0).all()  # the row that sees nothing: exact zeros, not NaN
+    assert (dq[0, ..., lq - 2 :, :] == 0).all()  # rows past query_lengths
+    assert (dk[1, ..., 6:, :] == 0).all()  # keys past key_lengths
+
+
+@pytest.mark.parametrize("impl", ["materialize", "blockwise"])
+def test_gradcheck_return_lse(rng, impl):
+    """The lse output has a gradient too (d lse / d s = P), alone or with the output."""
+    q, k, v = _t(rng, 2, 10, 4), _t(rng, 2, 10, 4), _t(rng, 2, 10, 3)
+    bias = _t(rng, 10, 10)
+    qlen = torch.tensor([10, 7])
+
+    def f(q, k, v, bias):
+        out, lse = pa.attention(
+            q,
+            k,
+            v,
+            **_kw(impl, bias=bias, softcap=2.0, causal=True, query_lengths=qlen, return_lse=True),
+        )
+        return out, torch.where(torch.isinf(lse), 0.0, lse)
+
+    assert torch.autograd.gradcheck(f, (q, k, v, bias), fast_mode=True)
+    lse_only = torch.autograd.gradcheck(lambda *a: f(*a)[1], (q, k, v, bias), fast_mode=True)
+    assert lse_only
+
+
+@pytest.mark.parametrize("impl", ["materialize", "blockwise"])
+def test_gradcheck_attention_weights_head_mha(rng, impl, monkeypatch):
+    # Head and MultiHeadAttention pick impl="auto"; at these sizes it would
+    # materialise, so the threshold is lowered to send them blockwise.
+    if impl == "blockwise":
+        monkeypatch.setattr(_attention, "_AUTO_MATERIALIZE_MAX_PAIRS", 0)
+    x = _t(rng, 2, 7, 6)
+    q, k = _t(rng, 7, 3), _t(rng, 7, 3)
+    assert torch.autograd.gradcheck(
+        lambda q, k: pa.attention_weights(q, k, causal=True, softcap=3.0), (q, k), fast_mode=True
+    )
+    wq, wk, wv = _t(rng, 6, 3), _t(rng, 6, 3), _t(rng, 6, 3)
+    assert torch.autograd.gradcheck(
+        lambda x, wq, wk, wv: pa.Head(wq, wk, wv)(x, causal=True), (x, wq, wk, wv), fast_mode=True
+    )
+    weights = {
+        "wq": _t(rng, 6, 8),
+        "wk": _t(rng, 6, 4),
+        "wv": _t(rng, 6, 4),
+        "wo": _t(rng, 8, 6),
+        "bq": _t(rng, 8),
+        "bo": _t(rng, 6),
+    }
+    names = tuple(weights)
+
+    def mha(x, *ws):
+        w = dict(zip(names, ws, strict=True))
+        m = pa.MultiHeadAttention(
+            w["wq"], w["wk"], w["wv"], w["wo"], num_heads=4, num_kv_heads=2, bq=w["bq"], bo=w["bo"]
+        )
+        return m(x, causal=True), m.weights(x, window=2)
+
+    assert torch.autograd.gradcheck(mha, (x, *weights.values()), fast_mode=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck_linear_attention(rng, causal):
+    q, k, v = _t(rng, 2, 9, 4), _t(rng, 2, 9, 4), _t(rng, 2, 9, 3)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: pa.linear_attention(q, k, v, causal=causal, chunk_size=4),
+        (q, k, v),
+        fast_mode=True,
+    )
+
+
+# --- torch: against SDPA's own gradients -----------------------------------------------
+
+
+def _sdpa_case(rng: np.random.Generator, case: str):
+    """Inputs, portattn options and the SDPA options that mean the same thing."""
+    b, h, lq, lk = 2, 3, 12, 12
+    q, k, v = _t(rng, b, h, lq, 5), _t(rng, b, h, lk, 5), _t(rng, b, h, lk, 4)
+    extra: tuple[torch.Tensor, ...] = ()
+    pa_kw: dict[str, Any] = {}
+    sdpa_kw: dict[str, Any] = {}
+    if case == "causal":
+        pa_kw["causal"], sdpa_kw["is_causal"] = True, True
+    elif case == "window":
+        pa_kw["window"] = (3, 2)
+        sdpa_kw["attn_mask"] = torch.from_numpy(pa.window_mask(lq, lk, window=(3, 2)))
+    elif case == "bias":
+        bias = _t(rng, h, lq, lk)
+        extra = (bias,)
+        pa_kw["bias"], sdpa_kw["attn_mask"] = bias, bias
+    elif case == "mask_lengths":
+        m = torch.from_numpy(rng.random((lq, lk)) < 0.7)
+        m[:, 0] = True  # SDPA gives NaN for a row that sees nothing
+        kl = torch.tensor([lk, 5])
+        pa_kw["mask"], pa_kw["key_lengths"] = m, kl[:, None]
+        sdpa_kw["attn_mask"] = m & (torch.arange(lk) < kl[:, None, None, None])
+    elif case == "gqa":
+        k = _t(rng, b, 1, lk, 5)
+        v = _t(rng, b, 1, lk, 4)
+        sdpa_kw["enable_gqa"] = True
+    elif case == "scale":
+        pa_kw["scale"], sdpa_kw["scale"] = 0.37, 0.37
+    return (q, k, v, *extra), pa_kw, sdpa_kw
+
+
+SDPA_CASES = ("plain", "causal", "window", "bias", "mask_lengths", "gqa", "scale")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", SDPA_CASES)
+def test_grads_match_sdpa(rng, impl, case):
+    inputs, pa_kw, sdpa_kw = _sdpa_case(rng, case)
+    q, k, v = inputs[:3]
+    out = pa.attention(*inputs[:3], **_kw(impl, **pa_kw))
+    want = F.scaled_dot_product_attention(q, k, v, **sdpa_kw)
+    d_out = torch.tensor(rng.standard_normal(out.shape))
+    got = _grads(out, inputs, d_out)
+    ref = _grads(want, inputs, d_out)
+    for g, r, x in zip(got, ref, inputs, strict=True):
+        assert g.shape == x.shape
+        torch.testing.assert_close(g, r, rtol=0, atol=1e-10)
+
+
+def test_float32_grads_match_sdpa(rng):
+    """float32 and float16 come back through prepare's cast: grads keep the input's dtype."""
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
+        q, k, v = (
+            torch.tensor(rng.standard_normal((2, 70, 16)), dtype=dtype, requires_grad=True)
+            for _ in range(3)
+        )
+        out = pa.attention(q, k, v, causal=True, impl="blockwise", block_size=(16, 32))
+        want = F.scaled_dot_product_attention(*(x.float() for x in (q, k, v)), is_causal=True)
+        d_out = torch.tensor(rng.standard_normal(out.shape), dtype=dtype)
+        got = _grads(out, (q, k, v), d_out)
+        ref = _grads(want, (q, k, v), d_out.float())
+        for g, r in zip(got, ref, strict=True):
+            assert g.dtype == dtype
+            torch.testing.assert_close(g.float(), r.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_grad_after_inference_mode_and_no_grad(rng, impl):
+    q, k, v = _t(rng, 1, 20, 4), _t(rng, 1, 20, 4), _t(rng, 1, 20, 4)
+    with torch.inference_mode():
+        pa.attention(q, k, v, **_kw(impl, causal=True))
+    with torch.no_grad():
+        pa.attention(q, k, v, **_kw(impl, causal=True))
+    out = pa.attention(q, k, v, **_kw(impl, causal=True))
+    out.sum().backward()
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref = torch.autograd.grad(want.sum(), (q,))[0]
+    assert q.grad is not None
+    torch.testing.assert_close(q.grad, ref, rtol=0, atol=1e-10)
+
+
+def test_no_grad_runs_the_plain_forward(rng, monkeypatch):
+    """Without a gradient to take, the autograd.Function stays out of the way."""
+    from portattn import _autodiff
+
+    calls = []
+    real = _autodiff._torch_function
+
+    def spy():
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(_autodiff, "_torch_function", spy)
+    q = _t(rng, 1, 9, 4, grad=False)
+    pa.attention(q, q, q, impl="blockwise")
+    qg = _t(rng, 1, 9, 4)
+    with torch.no_grad():
+        pa.attention(qg, qg, qg, impl="blockwise")
+    assert calls == []
+    pa.attention(qg, qg, qg, impl="blockwise")
+    assert calls == [1]
+
+
+# --- the O(N) claim, without timing ----------------------------------------------------
+
+
+def test_blockwise_saves_no_score_sized_tensor(rng):
+    """Everything autograd keeps for the backward is O(L·d): no (Lq, Lk) tile, nothing."""
+    lq = lk = 256
+    d = 8
+    q, k, v = (_t(rng, 2, n, d) for n in (lq, lk, lk))
+    saved: list[tuple[int, ...]] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = pa.attention(q, k, v, causal=True, impl="blockwise", block_size=(32, 64))
+    assert saved, "nothing was saved: the Function did not run"
+    biggest = max(math.prod(s) for s in saved)
+    assert biggest <= 2 * lq * d, saved  # q, k, v, out, lse; a score tile would be 32*64*2
+    out.sum().backward()
+    # The materialising path, for contrast, keeps (Lq, Lk) score matrices.
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        pa.attention(q, k, v, causal=True, impl="materialize")
+    assert max(math.prod(s) for s in saved) >= 2 * lq * lk
+
+
+# --- the generic backward on a library without autodiff --------------------------------
+
+
+def test_generic_backward_runs_on_array_api_strict(rng):
+    """The backward is array API code: array_api_strict gets torch autograd's answer."""
+    import array_api_strict as xps
+
+    from portattn._blockwise import blockwise_attention
+
+    lq, lk = 13, 11
+    arrays = {
+        "q": rng.standard_normal((2, lq, 4)),
+        "k": rng.standard_normal((2, lk, 4)),
+        "v": rng.standard_normal((2, lk, 3)),
+        "bias": rng.standard_normal((1, lq, 1)),
+    }
+    mask = rng.random((lq, lk)) < 0.8
+    d_out = rng.standard_normal((2, lq, 3))
+    d_lse = rng.standard_normal((2, lq))
+    opts = {"causal": "bottom_right", "window": (4, 1), "softcap": 1.2}
+
+    p = prepare(
+        *(xps.asarray(arrays[n]) for n in "qkv"),
+        bias=xps.asarray(arrays["bias"]),
+        mask=xps.asarray(mask),
+        xp=xps,
+        **opts,
+    )
+    out, lse = blockwise_attention(p, block_size=BLOCKS, xp=xps)
+    lse_d = xps.asarray(d_lse)
+    g = blockwise_backward(p, out, lse, xps.asarray(d_out), lse_d, block_size=BLOCKS, xp=xps)
+
+    tq, tk, tv, tb = (torch.tensor(arrays[n], requires_grad=True) for n in ("q", "k", "v", "bias"))
+    t_out, t_lse = pa.attention(
+        tq,
+        tk,
+        tv,
+        bias=tb,
+        mask=torch.from_numpy(mask),
+        impl="materialize",
+        return_lse=True,
+        **opts,
+    )
+    finite = torch.isfinite(t_lse)
+    loss = (t_out * torch.from_numpy(d_out)).sum() + (
+        torch.where(finite, t_lse, 0.0) * torch.from_numpy(d_lse)
+    ).sum()
+    want = torch.autograd.grad(loss, (tq, tk, tv, tb))
+    # prepare scaled q: its gradient is the scale times the one on the scaled q
+    got = (np.asarray(g.q) * p.scale, np.asarray(g.k), np.asarray(g.v), np.asarray(g.bias))
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b.numpy(), rtol=0, atol=1e-12)
+
+
+def test_empty_lengths_give_zero_grads(rng):
+    for lq, lk in ((0, 5), (5, 0)):
+        q, k, v = _t(rng, 2, lq, 4), _t(rng, 2, lk, 4), _t(rng, 2, lk, 3)
+        out = pa.attention(q, k, v, impl="blockwise")
+        grads = torch.autograd.grad(out.sum(), (q, k, v), allow_unused=True)
+        for grad, x in zip(grads, (q, k, v), strict=True):
+            assert grad is None or (grad.shape == x.shape and (grad == 0).all())
