@@ -283,13 +283,13 @@ def test_auto_picks_blockwise_above_threshold(backend: Backend, rng, monkeypatch
     from portattn import _attention
 
     calls = []
-    original = _attention.differentiable_blockwise
+    original = _attention.blockwise_attention
 
     def spy(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(_attention, "differentiable_blockwise", spy)
+    monkeypatch.setattr(_attention, "blockwise_attention", spy)
     xp = backend.xp
 
     monkeypatch.setattr(_attention, "_AUTO_MATERIALIZE_MAX_PAIRS", 6 * 6)

@@ -126,12 +126,11 @@ def test_gradcheck_return_lse(rng, impl):
     assert lse_only
 
 
-@pytest.mark.parametrize("impl", ["materialize", "blockwise"])
+@pytest.mark.parametrize("impl", IMPLS)
 def test_gradcheck_attention_weights_head_mha(rng, impl, monkeypatch):
-    # Head and MultiHeadAttention pick impl="auto"; at these sizes it would
-    # materialise, so the threshold is lowered to send them blockwise.
-    if impl == "blockwise":
-        monkeypatch.setattr(_attention, "_AUTO_MATERIALIZE_MAX_PAIRS", 0)
+    # Head and MultiHeadAttention run impl="auto"; its choice is pinned here
+    # so that each path is differentiated through them.
+    monkeypatch.setattr(_attention, "_auto", lambda p, **kw: impl)
     x = _t(rng, 2, 7, 6)
     q, k = _t(rng, 7, 3), _t(rng, 7, 3)
     assert torch.autograd.gradcheck(

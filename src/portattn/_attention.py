@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ._autodiff import differentiable_blockwise
+from ._autodiff import blockwise_attention
 from ._lib._checks import check_flag, check_int_pair
 from ._lib._compat import array_namespace, is_dask_namespace
 from ._lib._precision import narrow
@@ -203,7 +203,7 @@ def solve(
     elif impl == "blockwise":
         # Plain blockwise where no gradient can be asked for; otherwise the
         # library's autodiff gets the O(N) backward (_autodiff, _blockwise_grad).
-        out, lse = differentiable_blockwise(p, block_size=sizes, xp=xp)
+        out, lse = blockwise_attention(p, block_size=sizes, xp=xp)
     else:
         out, lse = materialize_attention(p, want_lse=want_lse, xp=xp)
     out = narrow(out, p.out_dtype, xp=xp)

@@ -22,26 +22,26 @@ import dataclasses
 import functools
 from typing import Any
 
-from ._blockwise import blockwise_attention
+from ._blockwise import blockwise_attention as _plain_blockwise
 from ._blockwise_grad import blockwise_backward
 from ._lib._compat import namespace_library
 from ._lib._typing import Array, Namespace
 from ._problem import Problem
 
-__all__ = ["differentiable_blockwise"]
+__all__ = ["blockwise_attention"]
 
 
-def differentiable_blockwise(
+def blockwise_attention(
     p: Problem, *, block_size: tuple[int, int] | None, xp: Namespace
 ) -> tuple[Array, Array]:
-    """``blockwise_attention(p)``, differentiable in O(N) memory where gradients may be taken."""
+    """The blockwise path as the entry runs it: differentiable in O(N) memory where needed."""
     lib = namespace_library(xp)
     if lib == "torch" and _torch_wants_grad(p):
         out, lse = _torch_function().apply(p, block_size, xp, p.q, p.k, p.v, p.bias)
         return out, lse
     if lib == "jax":
         return _jax_blockwise(p, block_size=block_size, xp=xp)
-    return blockwise_attention(p, block_size=block_size, xp=xp)
+    return _plain_blockwise(p, block_size=block_size, xp=xp)
 
 
 def _frame(p: Problem) -> Problem:
@@ -79,7 +79,7 @@ def _torch_function() -> Any:
             bias: Array | None,
         ) -> tuple[Array, Array]:
             full = dataclasses.replace(p, q=q, k=k, v=v, bias=bias)
-            out, lse = blockwise_attention(full, block_size=block_size, xp=xp)
+            out, lse = _plain_blockwise(full, block_size=block_size, xp=xp)
             ctx.save_for_backward(q, k, v, bias, out, lse)
             ctx.frame = _frame(p)
             ctx.block_size = block_size
@@ -134,10 +134,10 @@ def _jax_blockwise(
 
     @jax.custom_vjp
     def run(*args: Array) -> tuple[Array, Array]:
-        return blockwise_attention(rebuild(args), block_size=block_size, xp=xp)
+        return _plain_blockwise(rebuild(args), block_size=block_size, xp=xp)
 
     def fwd(*args: Array) -> tuple[tuple[Array, Array], tuple[Any, ...]]:
-        out, lse = blockwise_attention(rebuild(args), block_size=block_size, xp=xp)
+        out, lse = _plain_blockwise(rebuild(args), block_size=block_size, xp=xp)
         return (out, lse), (args, out, lse)
 
     def bwd(res: tuple[Any, ...], cts: tuple[Array, Array]) -> tuple[Array | None, ...]:
