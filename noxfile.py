@@ -96,6 +96,21 @@ def _run(
     )
 
 
+def _jax_cache(session: nox.Session) -> dict[str, str | None]:
+    """Keep JAX's compiled programs between runs, in nox's cache directory.
+
+    JAX compiles every eager operation once per shape and dtype, and the
+    suite runs hundreds of small shapes: a decode loop under test spent 49 s
+    of CPU cold and 13 s with this cache warm. A user's own settings win.
+    """
+    wanted = {
+        "JAX_COMPILATION_CACHE_DIR": str((session.cache_dir / "jax").resolve()),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+    return {k: v for k, v in wanted.items() if k not in os.environ}
+
+
 def _pytest(session: nox.Session, backends: str, markers: str, *, none_ok: bool = False) -> None:
     # Exit code 5 means that the marker selected no test.
     _run(
@@ -107,7 +122,7 @@ def _pytest(session: nox.Session, backends: str, markers: str, *, none_ok: bool 
         "-m",
         markers,
         *session.posargs,
-        env={"PORTATTN_BACKENDS": backends},
+        env={"PORTATTN_BACKENDS": backends, **_jax_cache(session)},
         success_codes=[0, 5] if none_ok else [0],
     )
 
@@ -116,7 +131,15 @@ def _pytest(session: nox.Session, backends: str, markers: str, *, none_ok: bool 
 def tests(session: nox.Session) -> None:
     """Every CPU backend once (NumPy, torch, array-api-strict, JAX), compared; the doctests."""
     _pytest(session, CPU_BACKENDS, DEFAULT_MARKERS)
-    _run(session, "-m", "pytest", "--doctest-modules", "--pyargs", "portattn")
+    _run(
+        session,
+        "-m",
+        "pytest",
+        "--doctest-modules",
+        "--pyargs",
+        "portattn",
+        env=_jax_cache(session),
+    )
 
 
 @_shared(name="tests-extra", default=False)
