@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from ._lib._checks import check_int_pair
-from ._lib._compat import is_lazy_array, is_writeable_array, namespace_library
+from ._lib._compat import is_concrete, is_dask_namespace, is_writeable_array, namespace_library
 from ._lib._typing import Array, Namespace
 from ._problem import Problem, empty_result, expand
 from ._softmax import exp_floor, lse_from, safe_exp
@@ -42,6 +42,14 @@ __all__ = ["block_sizes", "blockwise_attention"]
 _DEFAULTS = {"torch": (512, 1 << 19), "numpy": (1024, 1 << 20)}
 _FALLBACK = (512, 1 << 19)
 _QUERY_BLOCK_RANGE = (16, 1024)
+
+# Under a trace (jax.jit, torch.compile, an ndonnx export) the Python loop
+# is unrolled: every tile becomes its own operations in the compiled
+# program, and compile time grows with the number of tiles (jax.jit at
+# N=2048 with 64 tiles: 11 s; N=16384 with default tiles would be 4096).
+# There, blocks grow so that each axis has at most this many of them, which
+# bounds the program whatever N is; the tiles stay O(N^2 / 64) elements.
+_TRACED_BLOCKS_PER_AXIS = 8
 
 
 def block_sizes(
@@ -66,17 +74,24 @@ def blockwise_attention(
     bq, bk = block_sizes(block_size, xp=xp, batch=p.batch)
     if p.lk == 0 or p.lq == 0:
         return empty_result(p, xp=xp)
+    concrete = is_concrete(p.q)
+    if not concrete and not is_dask_namespace(xp):
+        bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk)
     k_t = xp.matrix_transpose(p.k)  # (..., d, Lk)
-    floor = None if _exp_cannot_underflow(p, xp=xp) else exp_floor(p.q.dtype, xp=xp)
+    shortcut = concrete and _exp_cannot_underflow(p, xp=xp)
+    floor = None if shortcut else exp_floor(p.q.dtype, xp=xp)
     if p.lq <= bq:
         out, lse = _query_block(p, 0, p.lq, k_t, bk, floor=floor, xp=xp)
         return expand(out, (*p.batch, p.lq, p.dv), xp=xp), expand(lse, (*p.batch, p.lq), xp=xp)
     # Each block is written into place, which also broadcasts it to the full
     # batch shape (a mask or lengths may carry batch axes the inputs lack).
-    # Libraries with immutable arrays (JAX) get the blocks concatenated.
-    out = xp.empty((*p.batch, p.lq, p.dv), dtype=p.q.dtype, device=p.device)
-    lse = xp.empty((*p.batch, p.lq), dtype=p.q.dtype, device=p.device)
-    in_place = is_writeable_array(out)
+    # Immutable arrays (JAX) and lazy or traced ones get the blocks
+    # concatenated: a graph then keeps the inputs' chunks (dask) and holds no
+    # scatter into a fresh buffer.
+    in_place = concrete and is_writeable_array(p.q)
+    if in_place:
+        out = xp.empty((*p.batch, p.lq, p.dv), dtype=p.q.dtype, device=p.device)
+        lse = xp.empty((*p.batch, p.lq), dtype=p.q.dtype, device=p.device)
     outs, lses = [], []
     for q0 in range(0, p.lq, bq):
         q1 = min(q0 + bq, p.lq)
@@ -92,6 +107,12 @@ def blockwise_attention(
     return out, lse
 
 
+def traced_block_sizes(bq: int, bk: int, lq: int, lk: int) -> tuple[int, int]:
+    """Blocks at least ``1/8`` of each length, so that a trace unrolls at most 8 x 8 tiles."""
+    n = _TRACED_BLOCKS_PER_AXIS
+    return max(bq, -(-lq // n)), max(bk, -(-lk // n))
+
+
 def _exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
     """True when no visible score can sit so far below its row's max that ``exp`` underflows.
 
@@ -103,11 +124,11 @@ def _exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
     over every tile, a fifth of the run time) changes nothing, so it is
     skipped. Hidden entries are ``-inf``, whose ``exp`` is an exact 0 that
     raises no flag. Costs O((Lq + Lk) d) and two host syncs per call; inf
-    or NaN anywhere makes the bound fail, and then the clamp runs. Lazy
-    arrays (dask, tracers) are never read: the clamp runs for them.
+    or NaN anywhere makes the bound fail, and then the clamp runs. Only
+    called on concrete arrays (:func:`~portattn._lib._compat.is_concrete`):
+    lazy and traced ones (dask, ndonnx, JAX tracers, torch.compile, meta
+    tensors) are never read, and the clamp runs for them.
     """
-    if is_lazy_array(p.q):
-        return False
     # Only the bound is computed here, so no floating-point flag it could
     # raise (tiny squares underflowing, huge ones overflowing) may escape:
     # either way the bound just fails and the clamp runs.

@@ -10,7 +10,6 @@ lists the options.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -60,7 +59,7 @@ class Problem:
 
     @property
     def dv(self) -> int:
-        return int(self.v.shape[-1])
+        return self.v.shape[-1]  # type: ignore[no-any-return]
 
     def allowed(self, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace) -> Array | None:
         """Everything that hides pairs in the tile, combined; ``None`` when nothing does."""
@@ -133,10 +132,50 @@ def _as(x: Array, dtype: DType, *, xp: Namespace) -> Array:
     return x if x.dtype == dtype else xp.astype(x, dtype)
 
 
-@functools.lru_cache(maxsize=256)
+# Calls repeat their options, so structures (a few ints each, never an array)
+# are memoised in a plain dict: ``functools.lru_cache`` makes torch.compile
+# warn on every function it traces through.
+_STRUCTURES: dict[tuple[int, int, bool | str, tuple[int, int] | None], Structure] = {}
+_STRUCTURES_MAX = 256
+
+
 def _structure(lq: int, lk: int, causal: bool | str, window: tuple[int, int] | None) -> Structure:
     """:meth:`Structure.build` on already validated options, memoised: calls repeat them."""
-    return Structure.build(lq, lk, causal, window)
+    key = (lq, lk, causal, window)
+    s = _STRUCTURES.get(key)
+    if s is None:
+        s = Structure.build(lq, lk, causal, window)
+        if len(_STRUCTURES) >= _STRUCTURES_MAX:
+            _STRUCTURES.clear()
+        _STRUCTURES[key] = s
+    return s
+
+
+def _check_known_shape(name: str, x: Array) -> None:
+    """Refuse dimensions whose size is unknown when the call is made.
+
+    Blocks, masks and broadcasting are planned from the sizes, so every size
+    must be a number: a dask array after boolean indexing has NaN sizes, an
+    ndonnx argument declared with a symbolic dimension has ``None``. Sizes
+    are only compared, never read with ``int()`` (which would specialise
+    symbolic sizes).
+    """
+    shape = tuple(x.shape)
+    if not any(n is None or (isinstance(n, float) and math.isnan(n)) for n in shape):
+        return
+    if any(n is not None for n in shape if isinstance(n, float)):
+        msg = (
+            f"expected {name} to have known chunk sizes, got shape {shape}: a dask array "
+            "whose chunk sizes are unknown (after boolean indexing, say); call "
+            f"{name}.compute_chunk_sizes() first"
+        )
+    else:
+        msg = (
+            f"expected {name} to have a static shape, got shape {shape}: portattn plans "
+            "its blocks and masks from the sizes, so every dimension must be known when "
+            "it is called (export with static shapes, e.g. ndonnx.argument(shape=(2, 16, 8)))"
+        )
+    raise ValueError(msg)
 
 
 def _check_lengths(name: str, x: Array | None, *, xp: Namespace) -> None:
@@ -185,16 +224,27 @@ def prepare(
         check_floating("bias", bias, xp=xp)
     _check_lengths("key_lengths", key_lengths, xp=xp)
     _check_lengths("query_lengths", query_lengths, xp=xp)
+    for name, x in (
+        *arrays,
+        ("mask", mask),
+        ("bias", bias),
+        ("key_lengths", key_lengths),
+        ("query_lengths", query_lengths),
+    ):
+        if x is not None:
+            _check_known_shape(name, x)
 
-    lq, d = int(query.shape[-2]), int(query.shape[-1])
-    lk = int(key.shape[-2])
-    if int(key.shape[-1]) != d:
+    # Sizes as the library gives them: int() would force a sync or a
+    # specialisation on libraries whose sizes are symbolic.
+    lq, d = query.shape[-2], query.shape[-1]
+    lk = key.shape[-2]
+    if key.shape[-1] != d:
         msg = (
             f"expected key to have feature size d={d} like query {tuple(query.shape)}, "
             f"got key shape {tuple(key.shape)}"
         )
         raise ValueError(msg)
-    if value is not None and int(value.shape[-2]) != lk:
+    if value is not None and value.shape[-2] != lk:
         msg = (
             f"expected value to have Lk={lk} rows like key {tuple(key.shape)}, "
             f"got value shape {tuple(value.shape)}"

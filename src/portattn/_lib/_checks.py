@@ -97,12 +97,18 @@ def check_rank(name: str, x: Array, minimum: int, layout: str) -> None:
 
 
 def check_same_device(named: Sequence[tuple[str, Array | None]]) -> Device:
-    """Return the common device, raising ValueError if two arrays disagree."""
+    """Return the common device, raising ValueError if two arrays disagree.
+
+    A device of ``None`` (a JAX tracer has none) matches any device; the
+    result is the first device that is not ``None``, or ``None``.
+    """
     first_name, first_dev = "", None
     for name, x in named:
         if x is None:
             continue
         dev = device_of(x)
+        if dev is None:
+            continue
         if first_name == "":
             first_name, first_dev = name, dev
         elif dev != first_dev:

@@ -32,6 +32,7 @@ __all__ = [
     "device_of",
     "is_array_api_obj",
     "is_array_api_strict_namespace",
+    "is_concrete",
     "is_cupy_namespace",
     "is_dask_namespace",
     "is_jax_namespace",
@@ -92,6 +93,34 @@ def device_of(x: Any) -> Any:
     if dev is None or callable(dev):
         return device(x)
     return dev
+
+
+def is_concrete(x: Any) -> bool:
+    """True when the values of ``x`` may be read on the host now, cheaply and outside any trace.
+
+    False for anything a host read would break or silently slow down: JAX
+    tracers (``jit``, ``grad``, ``vmap``), torch tensors while
+    ``torch.compile`` traces (and meta, fake or ``torch.func``-wrapped
+    tensors, which hold no values), and lazy arrays (dask, ndonnx), as
+    array-api-compat's ``is_lazy_array`` tells them. Concrete JAX arrays are
+    concrete, although ``is_lazy_array`` errs on the side of calling every
+    JAX array lazy. Library modules are looked up in ``sys.modules`` only: an
+    array of a library implies the library is imported.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        # Checked first: under dynamo nothing below may be traced into.
+        if torch.compiler.is_compiling() or x.device.type == "meta":
+            return False
+        if type(x) is not torch.Tensor and not isinstance(x, torch.nn.Parameter):
+            return False  # FakeTensor, FunctionalTensor and other value-less subclasses
+        functorch = getattr(torch._C, "_functorch", None)
+        wrapped = getattr(functorch, "is_functorch_wrapped_tensor", None)
+        return wrapped is None or not wrapped(x)
+    jax = sys.modules.get("jax")
+    if jax is not None and isinstance(x, jax.Array):
+        return not isinstance(x, jax.core.Tracer)
+    return not is_lazy_array(x)
 
 
 def namespace_library(xp: ModuleType) -> str:
