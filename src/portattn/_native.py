@@ -131,7 +131,12 @@ def _mask_elements(p: Problem) -> int:
         return 0  # nothing, or the caller's own bias as it is
     ndim = max(len(s) for s in shapes)
     padded = [(1,) * (ndim - len(s)) + s for s in shapes]
-    return math.prod(max(sizes) for sizes in zip(*padded, strict=True))
+    # A plain loop: torch.compile cannot trace math.prod over a generator of
+    # zip(..., strict=True), and breaks the graph there.
+    elements = 1
+    for axis in range(ndim):
+        elements *= max(s[axis] for s in padded)
+    return elements
 
 
 def native_attention(p: Problem, *, return_lse: bool, xp: Namespace) -> tuple[Array, Array | None]:
