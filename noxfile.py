@@ -145,7 +145,7 @@ def tests(session: nox.Session) -> None:
 @_shared(name="tests-extra", default=False)
 def tests_extra(session: nox.Session) -> None:
     """The suites kept out of the default: large N (slow), LocalCluster, HF models."""
-    _pytest(session, CPU_BACKENDS, EXTRA_MARKERS, none_ok=True)
+    _pytest(session, CPU_BACKENDS, EXTRA_MARKERS)
 
 
 @_shared(name="tests-numpy", default=False)
