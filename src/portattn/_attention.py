@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ._autodiff import blockwise_attention
-from ._lib._checks import check_flag, check_int_pair
+from ._lib._checks import check_array, check_flag, check_int_pair
 from ._lib._compat import array_namespace, is_dask_namespace
 from ._lib._precision import narrow
 from ._lib._typing import Array, Namespace
@@ -135,8 +135,28 @@ def attention(
     Notes
     -----
     A row whose keys are all hidden gets weights 0 and output 0, never NaN,
-    and so does ``Lk == 0``. With ``causal``, rewriting the keys and values
-    of later positions leaves earlier output rows bit-for-bit unchanged.
+    and so does ``Lk == 0``; ``d == 0`` makes every score 0.
+
+    Padding: keys and values at positions ``>= key_lengths`` are replaced by
+    zeros before any arithmetic, so whatever they hold (inf and NaN
+    included) never reaches the output, on every ``impl``. Lengths of any
+    integer dtype (int8, uint8, torch's uint64, ...) are compared with
+    positions in a wide integer type.
+
+    Positions hidden only by ``mask``, ``causal`` or ``window`` are not
+    sanitised: their weight is an exact 0, so *finite* hidden keys and
+    values change nothing (with ``causal``, rewriting them with any finite
+    numbers leaves earlier output rows bit-for-bit unchanged), but an inf or
+    NaN hidden value meets that 0 in ``weights @ value`` and makes the rows
+    it is hidden from NaN (``0 * inf = NaN``), on the materialising path and
+    in every key block the blockwise path reads (it skips only blocks that
+    ``causal``/``window`` hide entirely). Use ``key_lengths`` for padding.
+
+    Range: the scaled scores are formed in the compute dtype. A score whose
+    magnitude overflows it (above about 3.4e38 in float32, 1.8e308 in
+    float64) is out of range and makes its row NaN (NumPy also warns);
+    other rows are unaffected. Scale such inputs down, or compute in
+    float64. Inputs wider than float64 (``np.longdouble``) are refused.
 
     On dask arrays the result is a lazy dask array chunked like ``query``:
     one task per (query chunk, key chunk) pair that positions leave visible,
@@ -154,6 +174,7 @@ def attention(
     >>> pa.attention(q, k, v, causal=True).shape
     (3, 2)
     """
+    check_array("value", value)  # prepare() reads value=None as a weights-only call
     xp = array_namespace(query, key, value, mask, bias, key_lengths, query_lengths)
     p = prepare(
         query,

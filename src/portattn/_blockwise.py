@@ -72,7 +72,7 @@ def blockwise_attention(
 ) -> tuple[Array, Array]:
     """Output (..., Lq, dv) and log-sum-exp (..., Lq) of ``p``, one query block at a time."""
     bq, bk = block_sizes(block_size, xp=xp, batch=p.batch)
-    if p.lk == 0 or p.lq == 0:
+    if p.lk == 0 or p.lq == 0 or math.prod(p.batch) == 0:
         return empty_result(p, xp=xp)
     concrete = is_concrete(p.q)
     if not concrete and not is_dask_namespace(xp):
@@ -132,12 +132,15 @@ def _exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
     # Only the bound is computed here, so no floating-point flag it could
     # raise (tiny squares underflowing, huge ones overflowing) may escape:
     # either way the bound just fails and the clamp runs.
-    with np.errstate(all="ignore"):
-        q_sq = float(xp.max(xp.sum(p.q * p.q, axis=-1)))
-        k_sq = float(xp.max(xp.sum(p.k * p.k, axis=-1)))
-        bias_spread = 0.0
-        if p.bias is not None and math.prod(p.bias.shape) > 0:
-            bias_spread = float(xp.max(p.bias)) - float(xp.min(p.bias))
+    try:
+        with np.errstate(all="ignore"):
+            q_sq = float(xp.max(xp.sum(p.q * p.q, axis=-1)))
+            k_sq = float(xp.max(xp.sum(p.k * p.k, axis=-1)))
+            bias_spread = 0.0
+            if p.bias is not None and math.prod(p.bias.shape) > 0:
+                bias_spread = float(xp.max(p.bias)) - float(xp.min(p.bias))
+    except (RuntimeError, NotImplementedError):  # no values to read (torch "meta" tensors)
+        return False
     spread = 2.0 * math.sqrt(q_sq) * math.sqrt(k_sq)
     if p.softcap is not None:
         spread = min(spread, 2.0 * p.softcap)  # soft-capped scores lie in (-cap, cap)

@@ -7,7 +7,14 @@ import math
 import numpy as np
 
 from ._attention import solve, solve_weights
-from ._lib._checks import check_floating, check_same_device, dtype_name
+from ._lib._checks import (
+    check_dtype,
+    check_floating,
+    check_int,
+    check_real,
+    check_same_device,
+    dtype_name,
+)
 from ._lib._compat import array_namespace, device_of, resolve_namespace
 from ._lib._typing import Array, Device, DType, Namespace
 from ._masks import Causal
@@ -22,10 +29,8 @@ def standard_normal(shape: tuple[int, ...], *, seed: int) -> np.ndarray:
     Weights are drawn here, once, in float64, and only then converted, which
     is what makes them bit-identical on every backend.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        msg = f"expected seed to be a non-negative int, got {seed!r}"
-        raise ValueError(msg)
-    return np.random.Generator(np.random.PCG64(seed)).standard_normal(shape)
+    s = check_int("seed", seed, minimum=0)
+    return np.random.Generator(np.random.PCG64(s)).standard_normal(shape)
 
 
 def from_numpy_float64(
@@ -37,10 +42,7 @@ def from_numpy_float64(
     backend receives identical bits; narrower targets round on the backend
     from float32, which is exact-rounding everywhere.
     """
-    target = xp.float32 if dtype is None else dtype
-    if not xp.isdtype(target, "real floating"):
-        msg = f"expected dtype to be a real floating dtype, got {dtype_name(target)}"
-        raise TypeError(msg)
+    target = xp.float32 if dtype is None else check_dtype("dtype", dtype, xp=xp)
     if target == xp.float64:
         return xp.asarray(a, dtype=xp.float64, device=device)
     f32 = xp.asarray(a.astype(np.float32), dtype=xp.float32, device=device)
@@ -144,14 +146,10 @@ class Head:
         dtype('float32')
         """
         ns = resolve_namespace(xp)
-        for name, n in (("d_model", d_model), ("d_head", d_head)):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                msg = f"expected {name} to be a positive int, got {n!r}"
-                raise ValueError(msg)
-        if not math.isfinite(std) or std < 0:
-            msg = f"expected std to be a finite non-negative number, got {std!r}"
-            raise ValueError(msg)
-        w = standard_normal((3, d_model, d_head), seed=seed) * std
+        rows = check_int("d_model", d_model, minimum=1)
+        cols = check_int("d_head", d_head, minimum=1)
+        sd = check_real("std", std, minimum=0.0)
+        w = standard_normal((3, rows, cols), seed=seed) * sd
         wq, wk, wv = (from_numpy_float64(w[i], xp=ns, dtype=dtype, device=device) for i in range(3))
         return cls(wq, wk, wv)
 

@@ -17,6 +17,9 @@ from ._lib._typing import Array, Device, DType, Namespace
 
 __all__ = ["KVCache"]
 
+# (keys buffer, values buffer, first new token, end): an append not yet visible.
+Staged = tuple[Array, Array, int, int]
+
 # A growing cache starts this large and doubles, so appending n tokens one by
 # one copies O(n) elements in total.
 _GROWING_START = 16
@@ -201,17 +204,46 @@ class KVCache:
     def append_checked(self, keys: Array, values: Array) -> tuple[Array, Array]:
         """:meth:`append` after :meth:`check` has passed."""
         with self._lock:
+            k_all, v_all, staged = self.stage(keys, values)
+            self.commit(staged)
+            return k_all, v_all
+
+    def stage(self, keys: Array, values: Array) -> tuple[Array, Array, Staged]:
+        """Write checked tokens after the stored ones without making them visible yet.
+
+        Returns every token as the cache would hold them after the append,
+        and a token for :meth:`commit`. Until it is committed, :attr:`length`,
+        :attr:`keys` and :attr:`values` are unchanged, so a caller can
+        validate the rest of its call first and simply drop the staged
+        append if that fails. Hold :attr:`lock` from stage to commit.
+        """
+        with self._lock:
             n = int(keys.shape[-2])
             start = self.length
             end = start + n
             k_buf, v_buf = self._k, self._v
             if end > int(k_buf.shape[-2]):
                 k_buf, v_buf = self._grown(k_buf, end), self._grown(v_buf, end)
-            k_buf = self._write(k_buf, start, keys)
+            k_buf = self._write(k_buf, start, keys)  # beyond `length`: invisible until committed
             v_buf = self._write(v_buf, start, values)
-            # Committed together, only once every step above has succeeded.
+            return k_buf[..., :end, :], v_buf[..., :end, :], (k_buf, v_buf, start, end)
+
+    def commit(self, staged: Staged) -> None:
+        """Make a :meth:`stage`-d append visible: buffers and length change together."""
+        k_buf, v_buf, start, end = staged
+        with self._lock:
+            if start != self.length:
+                msg = (
+                    f"a staged append starting at token {start} cannot be committed to a cache "
+                    f"now holding {self.length}: hold the cache's lock from stage to commit"
+                )
+                raise RuntimeError(msg)
             self._k, self._v, self.length = k_buf, v_buf, end
-            return k_buf[..., :end, :], v_buf[..., :end, :]
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The re-entrant lock every append holds; hold it to stage, validate and commit."""
+        return self._lock
 
     def _write(self, buffer: Array, start: int, new: Array) -> Array:
         """Put ``new`` at token ``start``: in place, or rebuilt for immutable arrays (JAX)."""

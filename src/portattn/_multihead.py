@@ -10,13 +10,14 @@ broadcasting pairs each group of ``G`` query heads with its one KV head.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
 
 from ._attention import solve, solve_weights
 from ._head import from_numpy_float64, standard_normal
-from ._kvcache import KVCache
+from ._kvcache import KVCache, Staged
 from ._lib._checks import check_floating, check_same_device, dtype_name
 from ._lib._compat import array_namespace, device_of, resolve_namespace
 from ._lib._typing import Array, Device, DType, Namespace
@@ -430,8 +431,13 @@ class MultiHeadAttention:
         positions: Array | None,
         cache: KVCache | None,
         xp: Namespace,
-    ) -> tuple[Array, Array, Array, Array | None, Causal, Array | None]:
-        """Project and split heads: q (..., Hkv, G, Lq, dh), k and v (..., Hkv, 1, Lk, dh)."""
+    ) -> tuple[Array, Array, Array, Array | None, Causal, Array | None, Staged | None]:
+        """Project and split heads: q (..., Hkv, G, Lq, dh), k and v (..., Hkv, 1, Lk, dh).
+
+        Every argument whose meaning does not depend on the projections is
+        checked before anything is computed; new tokens are only *staged* in
+        the cache, for the caller to commit once the whole call succeeded.
+        """
         check_floating("x", x, xp=xp)
         if x.ndim < 2 or int(x.shape[-1]) != self.d_model:
             msg = f"expected x of shape (..., Lq, d_model={self.d_model}), got shape {_shape(x)}"
@@ -468,6 +474,10 @@ class MultiHeadAttention:
             msg = "expected positions=None for a MultiHeadAttention built with rope=None"
             raise ValueError(msg)
         check_same_device([("weights", self.wq), ("x", x), ("context", context)])
+        if cache is not None and not isinstance(cache, KVCache):
+            msg = f"expected cache to be a KVCache or None, got {type(cache).__name__}"
+            raise TypeError(msg)
+        mask_heads = self._check_layouts(x, mask, key_lengths)
 
         _h, hkv, g, dh = self.num_heads, self.num_kv_heads, self.group_size, self.d_head
         lq = int(x.shape[-2])
@@ -504,22 +514,63 @@ class MultiHeadAttention:
             q = rope_impl(q, pos_q, layout=self.rope, base=self.rope_base, xp=xp)
             k = rope_impl(k, pos_k, layout=self.rope, base=self.rope_base, xp=xp)
 
+        staged = None
         if cache is not None:
             cache.check(k, v, xp=xp)
-            k, v = cache.append_checked(k, v)  # (..., Hkv, Lk, dh), Lk = all tokens so far
+            k, v, staged = cache.stage(k, v)  # (..., Hkv, Lk, dh), Lk = all tokens so far
             if causal is True:
                 causal = "bottom_right"  # the new queries are the last rows of the sequence
         k = xp.expand_dims(k, axis=-3)  # (..., Hkv, 1, Lk, dh)
         v = xp.expand_dims(v, axis=-3)
 
         if mask is not None:
-            if mask.ndim < 2:
-                msg = f"expected mask broadcastable to (..., Lq, Lk), got shape {_shape(mask)}"
-                raise ValueError(msg)
-            mask = xp.reshape(mask, (*mask.shape[:-2], 1, 1, *mask.shape[-2:]))  # heads share it
+            lq_lk = tuple(mask.shape[-2:])
+            if mask_heads is None:  # (..., Lq, Lk): every head shares it
+                mask = xp.reshape(mask, (*mask.shape[:-2], 1, 1, *lq_lk))
+            elif mask_heads == 1:  # torch / Hugging Face (..., 1, Lq, Lk)
+                mask = xp.reshape(mask, (*mask.shape[:-3], 1, 1, *lq_lk))
+            else:  # (..., H, Lq, Lk): head h is query head h, in group h // G of KV head
+                mask = xp.reshape(mask, (*mask.shape[:-3], hkv, g, *lq_lk))
         if key_lengths is not None:
             key_lengths = xp.reshape(key_lengths, (*key_lengths.shape, 1, 1))
-        return q, k, v, mask, causal, key_lengths
+        return q, k, v, mask, causal, key_lengths, staged
+
+    def _check_layouts(self, x: Array, mask: Array | None, key_lengths: Array | None) -> int | None:
+        """Refuse masks and lengths that would silently enlarge the batch; find a heads axis.
+
+        Returns the size of the mask's heads axis (1 or H) when it has the
+        torch / Hugging Face layout (*batch, 1 or H, Lq, Lk), else None.
+        """
+        nb = x.ndim - 2
+        batch = _shape(x)[:-2]
+        heads = None
+        if mask is not None:
+            shape = _shape(mask)
+            if mask.ndim < 2 or mask.ndim > nb + 3:
+                msg = (
+                    f"expected mask of shape (..., Lq, Lk) for x of shape {_shape(x)}, or the "
+                    f"torch / Hugging Face layout (*batch, 1 or num_heads={self.num_heads}, Lq, "
+                    f"Lk), with no more batch axes than x has; got mask shape {shape}"
+                )
+                raise ValueError(msg)
+            if mask.ndim == nb + 3:
+                if shape[-3] not in (1, self.num_heads):
+                    msg = (
+                        f"expected a mask with one axis more than x {_shape(x)} to be in the "
+                        f"torch / Hugging Face layout (*batch, 1 or num_heads={self.num_heads}, "
+                        f"Lq, Lk), got mask shape {shape} with {shape[-3]} on the heads axis"
+                    )
+                    raise ValueError(msg)
+                heads = shape[-3]
+        if key_lengths is not None and key_lengths.ndim > nb:
+            msg = (
+                f"expected key_lengths with one length per sequence, broadcastable to x's batch "
+                f"shape {batch}, got shape {_shape(key_lengths)}"
+            )
+            if key_lengths.ndim == nb + 1 and _shape(key_lengths)[-1] == 1:
+                msg += f"; pass key_lengths[..., 0] (shape {_shape(key_lengths)[:-1]})"
+            raise ValueError(msg)
+        return heads
 
     def __call__(
         self,
@@ -544,39 +595,53 @@ class MultiHeadAttention:
             Tokens to attend to; ``Lk != Lq`` is fine. Not combinable with
             ``cache`` or RoPE.
         mask : bool array, optional
-            Broadcastable to (..., Lq, Lk) and shared by every head; True
-            where a query may attend.
+            True where a query may attend. Either (..., Lq, Lk), shared by
+            every head and broadcastable to x's batch, or the torch / Hugging
+            Face layout (\\*batch, 1 or H, Lq, Lk): exactly one axis more than
+            x's batch, read as a heads axis (size 1: shared; size H: one mask
+            per query head). Any other extra axis is refused, never broadcast
+            into a larger batch.
         causal, window : optional
             As in :func:`portattn.attention`. With a ``cache``, ``causal=True``
             means bottom-right alignment: the new tokens are the last ones.
         key_lengths : integer array, optional
-            Valid key lengths, broadcastable to the batch shape ``...``.
+            Valid key lengths, one per sequence: broadcastable to x's batch
+            shape ``...`` with no more axes than it (shape (B, 1) for a batch
+            (B,) is refused, not broadcast to (B, B)).
         positions : integer array, shape (..., Lq), optional
             RoPE positions of the tokens in ``x`` (requires ``rope``).
             Default ``0..Lq-1``, or continuing from ``cache.length``.
         cache : KVCache, optional
             Keys and values of earlier tokens; this call appends the new
-            ones and attends over all of them.
+            ones and attends over all of them. The append is committed only
+            when the whole call succeeds: a call that raises leaves the
+            cache exactly as it was.
 
         Returns
         -------
         array, shape (..., Lq, d_model)
         """
         xp = array_namespace(x, context, mask, key_lengths, positions, self.wq)
-        q, k, v, mask, causal, key_lengths = self._project(
-            x,
-            context,
-            mask=mask,
-            causal=causal,
-            key_lengths=key_lengths,
-            positions=positions,
-            cache=cache,
-            xp=xp,
-        )
-        p = prepare(
-            q, k, v, mask=mask, causal=causal, window=window, key_lengths=key_lengths, xp=xp
-        )
-        out = solve(p, xp=xp)  # (..., Hkv, G, Lq, dh)
+        # The cache's lock is held from staging the new tokens to committing
+        # them, and they are committed only once everything else succeeded:
+        # a call that raises leaves the cache exactly as it was.
+        with nullcontext() if cache is None else cache.lock:
+            q, k, v, mask, causal, key_lengths, staged = self._project(
+                x,
+                context,
+                mask=mask,
+                causal=causal,
+                key_lengths=key_lengths,
+                positions=positions,
+                cache=cache,
+                xp=xp,
+            )
+            p = prepare(
+                q, k, v, mask=mask, causal=causal, window=window, key_lengths=key_lengths, xp=xp
+            )
+            out = solve(p, xp=xp)  # (..., Hkv, G, Lq, dh)
+            if cache is not None and staged is not None:
+                cache.commit(staged)
         assert not isinstance(out, tuple)
         nb = out.ndim - 4
         out = xp.permute_dims(
@@ -611,7 +676,7 @@ class MultiHeadAttention:
         (4, 5, 5)
         """
         xp = array_namespace(x, context, mask, key_lengths, positions, self.wq)
-        q, k, _, mask, causal, key_lengths = self._project(
+        q, k, _, mask, causal, key_lengths, _ = self._project(
             x,
             context,
             mask=mask,

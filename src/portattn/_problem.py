@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ._lib._checks import (
     broadcast_shapes,
+    check_array,
     check_bool,
     check_finite_scale,
     check_floating,
@@ -207,6 +208,17 @@ def prepare(
     causal = normalize_causal(causal)
     window = normalize_window(window)
     cap = None if softcap is None else _check_softcap(softcap)
+    check_array("query", query)
+    check_array("key", key)
+    for name, x in (
+        ("value", value),
+        ("mask", mask),
+        ("bias", bias),
+        ("key_lengths", key_lengths),
+        ("query_lengths", query_lengths),
+    ):
+        if x is not None:
+            check_array(name, x)
     arrays = (("query", query), ("key", key), ("value", value))
     for name, x in arrays:
         if x is not None:
@@ -291,7 +303,10 @@ def prepare(
             batch = broadcast_shapes([("the batch shape", batch), (name, tuple(n.shape))])
 
     structure = _structure(lq, lk, causal, window)
-    scale_value = 1.0 / math.sqrt(d) if scale is None else check_finite_scale(scale)
+    if scale is not None:
+        scale_value = check_finite_scale(scale)
+    else:  # d == 0: every score is an empty sum, 0, whatever the scale
+        scale_value = 1.0 / math.sqrt(d) if d > 0 else 1.0
 
     dtypes = [x.dtype for _, x in arrays if x is not None]
     same = all(dt == dtypes[0] for dt in dtypes[1:])
@@ -301,14 +316,26 @@ def prepare(
     k = _as(key, work, xp=xp)
     v = None if value is None else _as(value, work, xp=xp)
     ndim = len(batch) + 2
+    # Lengths are compared with positions in int64 whatever their own dtype:
+    # int8 lengths would wrap past 127 (showing padded keys), and torch
+    # cannot compare uint64 with int64 at all.
+    k_lengths = None if key_lengths is None else _lengths(key_lengths, len(batch), xp=xp)
+    q_lengths = None if query_lengths is None else _lengths(query_lengths, len(batch), xp=xp)
+    if k_lengths is not None:
+        # What lies beyond a length is padding, often garbage: zero it, so that
+        # inf or NaN there never meets a zero weight (0 * NaN = NaN) on any path.
+        keep = length_mask(k_lengths, lk, 0, lk, xp=xp, device=dev)[..., :, None]  # (..., Lk, 1)
+        k = xp.where(keep, k, 0.0)
+        if v is not None:
+            v = xp.where(keep, v, 0.0)
     return Problem(
         q=q,
         k=k,
         v=v,
         mask=None if mask is None else _align(mask, ndim, xp=xp),
         bias=None if bias is None else _align(_as(bias, work, xp=xp), ndim, xp=xp),
-        key_lengths=None if key_lengths is None else _align(key_lengths, len(batch), xp=xp),
-        query_lengths=None if query_lengths is None else _align(query_lengths, len(batch), xp=xp),
+        key_lengths=k_lengths,
+        query_lengths=q_lengths,
         structure=structure,
         batch=batch,
         out_dtype=out_dtype,
@@ -316,6 +343,17 @@ def prepare(
         scale=scale_value,
         softcap=cap,
     )
+
+
+def _lengths(x: Array, ndim: int, *, xp: Namespace) -> Array:
+    """Lengths as a wide signed integer (int32 or int64) with ``ndim`` axes.
+
+    Narrower or unsigned lengths become int64; values beyond int64 are not
+    lengths anyone has.
+    """
+    if x.dtype != xp.int64 and x.dtype != xp.int32:
+        x = xp.astype(x, xp.int64)
+    return _align(x, ndim, xp=xp)
 
 
 def _check_softcap(softcap: object) -> float:

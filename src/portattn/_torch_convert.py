@@ -94,6 +94,16 @@ def from_torch(
     device: Device | None = None,
 ) -> Weights:
     """The constructor arguments of :meth:`MultiHeadAttention.from_torch`."""
+    mha_class: Any = None
+    try:
+        import torch
+
+        mha_class = torch.nn.MultiheadAttention
+    except ImportError:  # then module cannot be a torch module either
+        pass
+    if mha_class is None or not isinstance(module, mha_class):
+        msg = f"expected a torch.nn.MultiheadAttention, got {type(module).__name__}"
+        raise TypeError(msg)
     ns = resolve_namespace(xp)
     if getattr(module, "bias_k", None) is not None or getattr(module, "add_zero_attn", False):
         msg = (

@@ -43,7 +43,10 @@ class Outcome:
 
 CASES: tuple[Case, ...] = (
     # attention: the arrays
+    Case("attention", "pa.attention(None, k, v)"),
+    Case("attention", "pa.attention(q, k, None)"),
     Case("attention", "pa.attention(q.astype(int), k, v)"),
+    Case("attention", "pa.attention(q.astype(np.longdouble), k, v)"),
     Case("attention", "pa.attention(q[0, 0], k, v)"),
     Case("attention", "pa.attention(q, np.ones((2, 5, 4)), v)"),
     Case("attention", "pa.attention(q, k, np.ones((2, 6, 6)))"),
@@ -51,6 +54,7 @@ CASES: tuple[Case, ...] = (
     Case("attention", "pa.attention(q, k, v, mask=np.ones((4, 6), dtype=bool))"),
     Case("attention", "pa.attention(q, k, v, bias=np.ones((4, 5), dtype=bool))"),
     Case("attention", "pa.attention(q, k, v, key_lengths=np.array([3.0, 4.0]))"),
+    Case("attention", "pa.attention(np.ma.masked_array(q), k, v)"),
     # attention: the options
     Case("attention options", "pa.attention(q, k, v, causal=True)"),
     Case("attention options", "pa.attention(q, q, q, causal=1)"),
@@ -62,6 +66,9 @@ CASES: tuple[Case, ...] = (
     Case("attention options", "pa.attention(q, k, v, scale='0.5')"),
     Case("attention options", "pa.attention(q, k, v, scale=float('nan'))"),
     Case("attention options", "pa.attention(q, k, v, impl='fast')"),
+    Case("attention options", "pa.attention(q, k, v, block_size=0)"),
+    Case("attention options", "pa.attention(q, k, v, block_size='4')"),
+    Case("attention options", "pa.attention(q, k, v, return_lse='no')"),
     # position masks
     Case("masks", "pa.causal_mask(-1, 3)"),
     Case("masks", "pa.causal_mask(2, 3, align='middle')"),
@@ -103,6 +110,22 @@ CASES: tuple[Case, ...] = (
     Case("positions", "pa.rope_positions(-1)"),
     # heads
     Case("Head and MultiHeadAttention", "pa.Head.random(0, 2)"),
+    Case("Head and MultiHeadAttention", "pa.Head.random(4, 2, std='1')"),
+    Case(
+        "Head and MultiHeadAttention",
+        "pa.MultiHeadAttention.from_torch(torch.nn.Linear(4, 4))",
+        needs="torch",
+    ),
+    Case(
+        "Head and MultiHeadAttention",
+        "pa.MultiHeadAttention.random(8, 2)(np.ones((3, 5, 8), np.float32), "
+        "mask=np.ones((3, 3, 5, 5), dtype=bool))",
+    ),
+    Case(
+        "Head and MultiHeadAttention",
+        "pa.MultiHeadAttention.random(8, 2)(np.ones((3, 5, 8), np.float32), "
+        "key_lengths=np.full((3, 1), 5))",
+    ),
     # testing helpers
     Case("testing", "pa.testing.assert_close([1.0, 2.0], np.array([1.0, 2.0]), rtol=0)"),
     Case("testing", "pa.testing.assert_close(np.ones(2), np.ones(2), rtol='0')"),

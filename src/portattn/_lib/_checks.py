@@ -7,11 +7,12 @@ import numbers
 import warnings
 from collections.abc import Sequence
 
-from ._compat import device_of
+from ._compat import device_of, is_array_api_obj
 from ._typing import Array, Device, DType, Namespace
 
 __all__ = [
     "broadcast_shapes",
+    "check_array",
     "check_bool",
     "check_dtype",
     "check_finite_scale",
@@ -56,11 +57,52 @@ def has_kind(dtype: DType, kind: str, *, xp: Namespace) -> bool:
 
 
 def check_floating(name: str, x: Array, *, xp: Namespace) -> None:
-    """Raise TypeError unless ``x`` has a real floating dtype."""
+    """Raise TypeError unless ``x`` has a real floating dtype of at most 64 bits.
+
+    Wider floats (NumPy's ``longdouble``, float128 on x86 Linux) are refused
+    rather than silently computed in float32 and relabelled: portattn
+    computes in float32 or float64 only.
+    """
     if not has_kind(x.dtype, "real floating", xp=xp):
         msg = f"expected {name} to have a real floating dtype, got {dtype_name(x.dtype)}"
         if has_kind(x.dtype, "bool", xp=xp) and name == "bias":
             msg += " (boolean masks go to mask=, True where attention is allowed)"
+        raise TypeError(msg)
+    if _wider_than_float64(x.dtype, xp=xp):
+        msg = (
+            f"expected {name} to have a floating dtype of at most 64 bits (float16, bfloat16, "
+            f"float32 or float64), got {dtype_name(x.dtype)}: portattn computes in float32 or "
+            f"float64 only; cast to float64 first"
+        )
+        raise TypeError(msg)
+
+
+_WIDE_CACHE: dict[tuple[type, object], bool] = {}
+
+
+def _wider_than_float64(dtype: DType, *, xp: Namespace) -> bool:
+    key = (type(dtype), dtype)
+    hit = _WIDE_CACHE.get(key)
+    if hit is None:
+        hit = _WIDE_CACHE[key] = int(xp.finfo(dtype).bits) > 64
+    return hit
+
+
+def check_array(name: str, x: object) -> None:
+    """Raise TypeError unless ``x`` is an array that portattn can read as it is.
+
+    ``None`` and non-arrays are named; ``numpy.ma.MaskedArray`` is refused,
+    because its mask would silently be ignored by every array operation.
+    """
+    if x is None or not is_array_api_obj(x):
+        msg = f"expected {name} to be an array, got {shown(x)}"
+        raise TypeError(msg)
+    if type(x).__name__ == "MaskedArray" and type(x).__module__.startswith("numpy"):
+        msg = (
+            f"expected {name} to be a plain array, got a numpy.ma.MaskedArray: its mask would "
+            "be ignored; pass its data (x.data or x.filled(0)) and express the mask with mask= "
+            "or key_lengths="
+        )
         raise TypeError(msg)
 
 
