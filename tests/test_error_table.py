@@ -15,6 +15,9 @@ from sitegen.errors import CASES, run_case
 @pytest.mark.parametrize("case", CASES, ids=[c.code for c in CASES])
 def test_case_raises_a_clear_error(case):
     got = run_case(case)  # raises RuntimeError if the call stopped raising
+    if got.kind == "not run":  # only where np.longdouble is float64 itself
+        assert case.needs == "longdouble", got.message
+        return
     assert got.kind in ("TypeError", "ValueError"), got.message
     assert "\n" not in got.message
     assert "expected" in got.message or "ambiguous" in got.message or "overflow" in got.message
