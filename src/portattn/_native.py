@@ -144,7 +144,7 @@ def native_attention(p: Problem, *, return_lse: bool, xp: Namespace) -> tuple[Ar
     why = refusal(p, return_lse=return_lse, xp=xp)
     if why is not None:
         raise NotImplementedError(why)
-    if p.lk == 0 or p.lq == 0:
+    if p.lk == 0 or p.lq == 0 or math.prod(p.batch) == 0:
         out, _ = empty_result(p, xp=xp)
         return out, None
     is_causal = _kernel_causal(p)
