@@ -28,6 +28,19 @@ def on_page_content(html: str, /, *, page: Any, config: Any, files: Any) -> str:
     return tidy_roles(render_math(html))
 
 
+# Japanese, like Chinese, puts no space between words: a line break inside a
+# paragraph of a .ja.md page must vanish instead of becoming a space.
+_CJK = "\u3000-\u30ff\u4e00-\u9fff\uff00-\uffef"
+_CJK_BREAK = re.compile(rf"(?<=[{_CJK}])\n[ \t]*(?=[{_CJK}])")
+
+
+def on_page_markdown(markdown: str, /, *, page: Any, config: Any, files: Any) -> str:
+    """Join wrapped lines between two CJK characters on Japanese pages."""
+    if not page.file.src_uri.endswith(".ja.md"):
+        return markdown
+    return _CJK_BREAK.sub("", markdown)
+
+
 _HEAD_ALTERNATE = re.compile(r'<link rel="alternate" href="[^"]*" hreflang="[^"]*">\n?')
 
 

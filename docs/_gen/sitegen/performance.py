@@ -151,11 +151,14 @@ def throughput_figure() -> str:
     )
 
 
-def _pivot(rows: list[dict[str, Any]], value: str, fmt: str, caption: str, key: str) -> str:
+def _pivot(
+    rows: list[dict[str, Any]], value: str, fmt: str, caption: str, key: str, *, short: bool = False
+) -> str:
     subjects = _order(str(r.get("subject")) for r in rows)
     ns = sorted({int(r["n"]) for r in rows})
     cell = {(int(r["n"]), str(r.get("subject"))): r for r in rows}
-    head = "".join(f"<th>{s}</th>" for s in subjects)
+    # The caption names the library, so a column is named by its path alone.
+    head = "".join(f"<th>{split(s)[1] if short else s}</th>" for s in subjects)
     body = ""
     for n in ns:
         tds = []
@@ -190,6 +193,7 @@ def throughput_tables() -> str:
                     "{:.1f}",
                     f"GFLOP/s, {lib}, {what}",
                     f"throughput-{lib}-{'causal' if causal else 'full'}",
+                    short=True,
                 )
                 + "</div>"
             )
