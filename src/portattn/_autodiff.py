@@ -19,7 +19,6 @@ generic modules; nothing here computes.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 from ._blockwise import blockwise_attention as _plain_blockwise
@@ -37,7 +36,15 @@ def blockwise_attention(
     """The blockwise path as the entry runs it: differentiable in O(N) memory where needed."""
     lib = namespace_library(xp)
     if lib == "torch" and _torch_wants_grad(p):
-        out, lse = _torch_function().apply(p, block_size, xp, p.q, p.k, p.v, p.bias)
+        # Self-attention passes one tensor as key and value: torch.compile
+        # refuses a tensor given twice to Function.apply, so the repeat goes
+        # in as a view (its gradient flows back to the same tensor).
+        arrays: list[Array | None] = []
+        for x in (p.q, p.k, p.v, p.bias):
+            if x is not None and any(x is y for y in arrays):
+                x = x.view_as(x)
+            arrays.append(x)
+        out, lse = _torch_function().apply(p, block_size, xp, *arrays)
         return out, lse
     if lib == "jax":
         return _jax_blockwise(p, block_size=block_size, xp=xp)
@@ -60,50 +67,14 @@ def _torch_wants_grad(p: Problem) -> bool:
     return any(x is not None and x.requires_grad for x in (p.q, p.k, p.v, p.bias))
 
 
-@functools.cache
 def _torch_function() -> Any:
-    """The ``torch.autograd.Function`` (built on first use: torch is an optional dependency)."""
-    import torch
-    from torch.autograd.function import once_differentiable
+    """The ``torch.autograd.Function``, from a module that imports torch (an optional dependency).
 
-    class BlockwiseAttention(torch.autograd.Function):
-        @staticmethod
-        def forward(
-            ctx: Any,
-            p: Problem,
-            block_size: tuple[int, int] | None,
-            xp: Namespace,
-            q: Array,
-            k: Array,
-            v: Array,
-            bias: Array | None,
-        ) -> tuple[Array, Array]:
-            full = dataclasses.replace(p, q=q, k=k, v=v, bias=bias)
-            out, lse = _plain_blockwise(full, block_size=block_size, xp=xp)
-            ctx.save_for_backward(q, k, v, bias, out, lse)
-            ctx.frame = _frame(p)
-            ctx.block_size = block_size
-            ctx.xp = xp
-            return out, lse
-
-        @staticmethod
-        @once_differentiable
-        def backward(ctx: Any, d_out: Array | None, d_lse: Array | None) -> tuple[Any, ...]:
-            q, k, v, bias, out, lse = ctx.saved_tensors
-            full = dataclasses.replace(ctx.frame, q=q, k=k, v=v, bias=bias)
-            if d_out is None:
-                d_out = torch.zeros_like(out)
-            g = blockwise_backward(
-                full,
-                out,
-                lse,
-                d_out,
-                d_lse,
-                block_size=ctx.block_size,
-                want_bias=bool(ctx.needs_input_grad[6]),
-                xp=ctx.xp,
-            )
-            return None, None, None, g.q, g.k, g.v, g.bias
+    The class is defined at module level there, not built on first use:
+    torch.compile cannot trace a class statement (nor sees through a
+    ``functools.cache``), and would refuse ``fullgraph=True``.
+    """
+    from ._autodiff_torch import BlockwiseAttention
 
     return BlockwiseAttention
 

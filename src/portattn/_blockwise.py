@@ -78,8 +78,7 @@ def blockwise_attention(
     if not concrete and not is_dask_namespace(xp):
         bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk)
     k_t = xp.matrix_transpose(p.k)  # (..., d, Lk)
-    shortcut = concrete and _exp_cannot_underflow(p, xp=xp)
-    floor = None if shortcut else exp_floor(p.q.dtype, xp=xp)
+    floor = None if _exp_cannot_underflow(p, xp=xp) else exp_floor(p.q.dtype, xp=xp)
     if p.lq <= bq:
         out, lse = _query_block(p, 0, p.lq, k_t, bk, floor=floor, xp=xp)
         return expand(out, (*p.batch, p.lq, p.dv), xp=xp), expand(lse, (*p.batch, p.lq), xp=xp)
@@ -125,10 +124,17 @@ def _exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
     skipped. Hidden entries are ``-inf``, whose ``exp`` is an exact 0 that
     raises no flag. Costs O((Lq + Lk) d) and two host syncs per call; inf
     or NaN anywhere makes the bound fail, and then the clamp runs. Only
-    called on concrete arrays (:func:`~portattn._lib._compat.is_concrete`):
+    reads concrete arrays (:func:`~portattn._lib._compat.is_concrete`):
     lazy and traced ones (dask, ndonnx, JAX tracers, torch.compile, meta
     tensors) are never read, and the clamp runs for them.
     """
+    if not all(is_concrete(x) for x in (p.q, p.k, p.bias) if x is not None):
+        return False
+    return _score_spread(p, xp=xp) + 1.0 < -exp_floor(p.q.dtype, xp=xp)
+
+
+def _score_spread(p: Problem, *, xp: Namespace) -> float:
+    """The bound on a row's visible score spread, read on the host (concrete arrays only)."""
     # Only the bound is computed here, so no floating-point flag it could
     # raise (tiny squares underflowing, huge ones overflowing) may escape:
     # either way the bound just fails and the clamp runs.
@@ -144,10 +150,9 @@ def _exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
     spread = 2.0 * math.sqrt(q_sq) * math.sqrt(k_sq)
     if p.softcap is not None:
         spread = min(spread, 2.0 * p.softcap)  # soft-capped scores lie in (-cap, cap)
-    spread += bias_spread
-    # The margin of 1 covers rounding in the matmul and the subtraction;
-    # NaN (from inf or NaN inputs) fails the comparison, as it should.
-    return spread + 1.0 < -exp_floor(p.q.dtype, xp=xp)
+    # The caller adds a margin of 1 for rounding in the matmul and the
+    # subtraction; NaN (from inf or NaN inputs) fails its comparison, as it should.
+    return spread + bias_spread
 
 
 def _query_block(
