@@ -1,0 +1,259 @@
+"""Which program transforms each path survives: every cell is a call run while the site builds.
+
+Rows are a capability of one library (torch autograd, ``torch.compile``,
+``jax.grad``/``jit``/``vmap``, dask laziness, an ndonnx export); columns are
+``impl=``. A cell passes when the call runs under the transform and its result
+(and gradients, where there are any) agree with an outside reference: torch
+SDPA's float64 gradients, ``jax.nn.dot_product_attention``'s gradients, or
+NumPy float64. Shapes are tiny (the whole table takes seconds) but every
+blockwise call uses several query and key blocks, so its loop really loops.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+import portattn as pa
+
+__all__ = ["CAPABILITIES", "IMPLS", "Cell", "capability_markdown", "run_table"]
+
+IMPLS = ("materialize", "blockwise", "native", "auto")
+SHAPE = (2, 2, 8, 4)  # (batch, heads, L, d)
+BLOCK = 4  # two query blocks and two key blocks at L=8
+
+
+@dataclass(frozen=True)
+class Cell:
+    """The outcome of one capability on one path."""
+
+    status: str  # "yes", "no", "refused"
+    detail: str = ""
+
+    @property
+    def markdown(self) -> str:
+        mark = {"yes": "✓", "no": "✗", "refused": "—"}[self.status]
+        return f"{mark} {self.detail}".strip()
+
+
+def _inputs() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(12)
+    return {n: rng.standard_normal(SHAPE) for n in "qkv"}
+
+
+def _reference(a: dict[str, np.ndarray]) -> np.ndarray:
+    return np.asarray(pa.attention(a["q"], a["k"], a["v"], causal=True, impl="materialize"))
+
+
+def _close(got: Any, want: Any, tol: float) -> None:
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    err = float(np.max(np.abs(got - want)))
+    if not err <= tol:
+        raise AssertionError(f"differs by {err:.1e}")
+
+
+# ----------------------------------------------------------------- torch
+
+
+def _torch_check(impl: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> str:
+    import torch
+
+    a = _inputs()
+    q, k, v = (torch.tensor(a[n], requires_grad=True) for n in "qkv")
+    f = wrap(lambda x, y, z: pa.attention(x, y, z, impl=impl, causal=True, block_size=BLOCK))
+    out = f(q, k, v)
+    out.pow(2).sum().backward()
+    rq, rk, rv = (torch.tensor(a[n], requires_grad=True) for n in "qkv")
+    ref = torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, is_causal=True)
+    ref.pow(2).sum().backward()
+    for got, want in ((out, ref), (q.grad, rq.grad), (k.grad, rk.grad), (v.grad, rv.grad)):
+        _close(got.detach(), want.detach(), 1e-10)
+    return "grads = SDPA's"
+
+
+def _torch_autograd(impl: str) -> str:
+    return _torch_check(impl, lambda f: f)
+
+
+def _torch_compile(backend: str) -> Callable[[str], str]:
+    def run(impl: str) -> str:
+        import torch
+
+        torch._dynamo.reset()
+        _torch_check(impl, lambda f: torch.compile(f, fullgraph=True, backend=backend))
+        torch._dynamo.reset()
+        x = torch.tensor(_inputs()["q"])
+        report = torch._dynamo.explain(
+            lambda a: pa.attention(a, a, a, impl=impl, causal=True, block_size=BLOCK)
+        )(x)
+        return f"{report.graph_count} graph, {report.graph_break_count} breaks"
+
+    return run
+
+
+# ------------------------------------------------------------------- JAX
+
+
+def _jax_arrays(dtype: str = "float32") -> tuple[Any, ...]:
+    import jax.numpy as jnp
+
+    a = _inputs()
+    return tuple(jnp.asarray(a[n], dtype=dtype) for n in "qkv")
+
+
+def _jax_grad(impl: str) -> str:
+    import jax
+
+    q, k, v = _jax_arrays()
+
+    def loss(f: Callable[..., Any]) -> Callable[..., Any]:
+        return lambda x, y, z: (f(x, y, z) ** 2).sum()
+
+    got = jax.grad(
+        loss(lambda x, y, z: pa.attention(x, y, z, impl=impl, causal=True, block_size=BLOCK)),
+        argnums=(0, 1, 2),
+    )(q, k, v)
+
+    def ref(x: Any, y: Any, z: Any) -> Any:  # (B, H, L, d) -> JAX's (B, L, H, d)
+        t = (1, 2)
+        out = jax.nn.dot_product_attention(
+            x.swapaxes(*t), y.swapaxes(*t), z.swapaxes(*t), is_causal=True
+        )
+        return out.swapaxes(*t)
+
+    want = jax.grad(loss(ref), argnums=(0, 1, 2))(q, k, v)
+    for g, w in zip(got, want, strict=True):
+        _close(g, w, 1e-4)
+    return "grads = jax.nn's"
+
+
+def _jax_jit(impl: str) -> str:
+    import jax
+
+    q, k, v = _jax_arrays()
+    f = jax.jit(lambda x, y, z: pa.attention(x, y, z, impl=impl, causal=True, block_size=BLOCK))
+    _close(f(q, k, v), _reference(_inputs()), 1e-5)
+    return ""
+
+
+def _jax_vmap(impl: str) -> str:
+    import jax
+
+    q, k, v = _jax_arrays()
+    f = jax.jit(
+        jax.vmap(
+            lambda x, y, z: pa.attention(x, y, z, impl=impl, causal=True, block_size=BLOCK),
+            in_axes=(0, None, None),
+        )
+    )
+    a = _inputs()
+    want = _reference({"q": a["q"], "k": a["k"][:1], "v": a["v"][:1]})
+    _close(f(q, k[0], v[0]), want, 1e-5)
+    return "in_axes=(0, None, None)"
+
+
+# ------------------------------------------------------------ dask, ndonnx
+
+
+def _dask_lazy(impl: str) -> str:
+    import dask.array as da
+    from dask.callbacks import Callback
+
+    computes = []
+
+    class Count(Callback):  # type: ignore[misc]
+        def _start(self, dsk: Any) -> None:
+            computes.append(1)
+
+    a = _inputs()
+    lazy = {n: da.from_array(x, chunks=(1, 2, 8, 4)) for n, x in a.items()}
+    with Count():
+        out = pa.attention(
+            lazy["q"], lazy["k"], lazy["v"], impl=impl, causal=True, block_size=BLOCK
+        )
+    if computes:
+        raise AssertionError(f"{len(computes)} compute() during the call")
+    if out.chunks[0] != lazy["q"].chunks[0]:
+        raise AssertionError(f"batch chunks {out.chunks[0]}, input {lazy['q'].chunks[0]}")
+    _close(out.compute(), _reference(a), 1e-12)
+    return "0 computes"
+
+
+def _ndonnx_export(impl: str) -> str:
+    import ndonnx as ndx
+    import onnxruntime as ort
+
+    a = {n: x.astype(np.float32) for n, x in _inputs().items()}
+    args = {n: ndx.argument(shape=SHAPE, dtype=ndx.float32) for n in "qkv"}
+    out = pa.attention(args["q"], args["k"], args["v"], impl=impl, causal=True, block_size=BLOCK)
+    model = ndx.build(args, {"out": out})
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, a)
+    want = _reference({n: x.astype(np.float64) for n, x in a.items()})
+    err = float(np.max(np.abs(got - want)))
+    _close(got, want, 1e-6)
+    return f"max dev {err:.0e}"
+
+
+CAPABILITIES: tuple[tuple[str, Callable[[str], str]], ...] = (
+    ("torch autograd (float64)", _torch_autograd),
+    ('torch.compile, backend "eager", fullgraph', _torch_compile("eager")),
+    ('torch.compile, backend "aot_eager", fullgraph', _torch_compile("aot_eager")),
+    ("jax.grad (float32)", _jax_grad),
+    ("jax.jit", _jax_jit),
+    ("jax.vmap", _jax_vmap),
+    ("dask: stays lazy", _dask_lazy),
+    ("ndonnx: export to ONNX, run in onnxruntime", _ndonnx_export),
+)
+
+
+def _run_cell(fn: Callable[[str], str], impl: str) -> Cell:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return Cell("yes", fn(impl))
+    except NotImplementedError as exc:
+        return Cell("refused", _first_clause(str(exc)))
+    except Exception as exc:  # a failing cell is the finding; it is shown, not raised
+        return Cell("no", f"{type(exc).__name__}: {_first_clause(str(exc))}")
+
+
+def _first_clause(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line.split(";")[0][:90]
+
+
+@cache
+def run_table() -> tuple[tuple[tuple[str, tuple[Cell, ...]], ...], float]:
+    """Every cell, and the seconds the whole table took."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # as portattn's backend list loads it
+    t0 = time.perf_counter()
+    rows = tuple((name, tuple(_run_cell(fn, impl) for impl in IMPLS)) for name, fn in CAPABILITIES)
+    return rows, time.perf_counter() - t0
+
+
+def capability_markdown() -> str:
+    """The table as Markdown, with the time it took to compute."""
+    rows, seconds = run_table()
+    lines = [
+        "| capability | " + " | ".join(f"`{i}`" for i in IMPLS) + " |",
+        "| --- |" + " --- |" * len(IMPLS),
+    ]
+    lines += [f"| {name} | " + " | ".join(c.markdown for c in cells) + " |" for name, cells in rows]
+    b, h, n, d = SHAPE
+    lines += [
+        "",
+        f"{len(rows) * len(IMPLS)} cells, each a causal call on (batch {b}, heads {h}, "
+        f"L {n}, d {d}) with `block_size={BLOCK}`, computed in {seconds:.0f} s while this "
+        "page was built. ✓: ran under the transform and agreed with the reference; "
+        "—: refused by design with `NotImplementedError` (the reason is shown); ✗: failed.",
+    ]
+    return "\n".join(lines)
