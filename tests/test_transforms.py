@@ -266,6 +266,8 @@ def test_dynamo_explain_one_graph_no_breaks(impl: str, rng: np.random.Generator)
 
 
 @pytest.mark.inductor
+# inductor itself imports torch.jit pieces that torch 2.13 deprecates
+@pytest.mark.filterwarnings(DYNAMO_LRU, DYNAMO_FUNCTION, "ignore::DeprecationWarning")
 @pytest.mark.parametrize("impl", ["materialize", "blockwise"])
 def test_torch_compile_inductor(impl: str, rng: np.random.Generator) -> None:
     torch._dynamo.reset()
