@@ -9,6 +9,26 @@ processes hits peers alike; ratios are taken within a run. Writes
 Options: ``--quick`` (N up to 2048, 3 rounds; for a smoke test, not for the
 record), ``--out DIR``.
 
+Record schema (``cpu.json``; the Performance page reads it, defensively):
+
+- ``date``, ``machine`` (cpu, cores, versions, ``blas``: threadpoolctl's view
+  of each BLAS, ``torch_threads``), ``load_before``/``load_after``
+  (``os.getloadavg()``), ``config``, ``skipped`` (sentences);
+- ``throughput``: rows ``{subject, n, causal, runs, median_s, min_s, gflops,
+  vs_sdpa, load}``; subjects are ``"torch SDPA"``, ``"portattn <library>
+  <impl>"``, ``"plain numpy"`` and ``"portattn numpy blockwise, no pool"``
+  (``PORTATTN_NUM_THREADS=1``: the thread pool off);
+- ``threads``: ``{workers, rows: [{n, causal, pool_s, no_pool_s, speedup}]}``;
+- ``training`` (torch, forward + backward of ``out.sum()``): rows ``{subject,
+  n, causal, median_s, vs_sdpa, peak_bytes}``: ``median_s`` is the median over
+  rounds of each fresh process's best of two steps; ``peak_bytes`` is the growth of
+  the process's peak resident memory over the inputs, in a fresh process;
+- ``memory``: rows ``{subject, n, peak_bytes, inputs_plus_output_bytes,
+  ratio}``;
+- ``chapter``: ``{shape, median_us, ratio_to_plain}``;
+- ``profile``: per-pass time of one blockwise tile, per library (see
+  :func:`tile_profile`).
+
 Peak memory is measured with tracemalloc (NumPy reports its allocations to
 it) in a fresh subprocess per point, so nothing cached by an earlier call
 counts. The inputs are allocated before tracing starts: the peak is the
@@ -89,7 +109,184 @@ def subjects(n: int, causal: bool) -> dict[str, Callable[[], Any]]:
         out[f"portattn numpy {impl}"] = lambda impl=impl: pa.attention(
             q, k, v, causal=causal, impl=impl
         )
+
+    def no_pool() -> Any:
+        os.environ[POOL_ENV] = "1"
+        try:
+            return pa.attention(q, k, v, causal=causal, impl="blockwise")
+        finally:
+            del os.environ[POOL_ENV]
+
+    out[NO_POOL] = no_pool
     return out
+
+
+POOL_ENV = "PORTATTN_NUM_THREADS"
+NO_POOL = "portattn numpy blockwise, no pool"
+TRAINING_SIZES = (2048, 8192)
+
+_TRAINING_CHILD = """
+import resource, sys, time, torch, portattn as pa
+n, subject, causal = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, 8, n, 64, requires_grad=True) for _ in range(3))
+def step():
+    if subject == "torch SDPA":
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    else:
+        out = pa.attention(q, k, v, causal=causal, impl=subject.split()[-1])
+    out.sum().backward()
+    for x in (q, k, v):
+        x.grad = None
+small = [x[..., :64, :].detach().requires_grad_() for x in (q, k, v)]
+pa.attention(*small, impl="blockwise").sum().backward()  # imports
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+times = []
+for _ in range(int(sys.argv[4])):
+    t0 = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t0)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+print(min(times), peak)  # the best step: the first one also pays for first-touch memory
+"""
+
+
+def training(sizes: tuple[int, ...], rounds: int) -> dict[str, Any]:
+    """Forward + backward on torch, each subject in its own process (peak memory is per process).
+
+    Subjects alternate within each round so that load hits them alike.
+    """
+    import importlib.util
+
+    has_backward = importlib.util.find_spec("portattn._autodiff") is not None
+    subjects_ = ("torch SDPA", "portattn torch blockwise", "portattn torch auto")
+    rows: list[dict[str, Any]] = []
+    skipped = []
+    for n in sizes:
+        if n > 2048 and not has_backward:
+            skipped.append(
+                f"forward+backward at N={n}: blockwise has no O(N) backward on this commit "
+                "(autograd through the loop keeps every tile, several GiB here)"
+            )
+            continue
+        for causal in (False, True):
+            got: dict[str, list[tuple[float, int]]] = {name: [] for name in subjects_}
+            for _ in range(rounds):
+                for name in subjects_:
+                    res = subprocess.run(
+                        [
+                            sys.executable,
+                            "-c",
+                            _TRAINING_CHILD,
+                            str(n),
+                            name,
+                            str(int(causal)),
+                            "2",  # steps per process
+                        ],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    )
+                    t, peak = res.stdout.split()
+                    got[name].append((float(t), int(peak)))
+            sdpa = statistics.median(t for t, _ in got["torch SDPA"])
+            for name, pts in got.items():
+                med = statistics.median(t for t, _ in pts)
+                peak = max(p for _, p in pts)
+                rows.append(
+                    {
+                        "subject": name,
+                        "n": n,
+                        "causal": causal,
+                        "runs": len(pts),
+                        "median_s": med,
+                        "vs_sdpa": sdpa / med,
+                        "peak_bytes": peak,
+                        "load": [round(x, 2) for x in os.getloadavg()],
+                    }
+                )
+                print(
+                    f"train N={n:5d} causal={causal!s:5} {name:28s} {med * 1e3:9.1f} ms "
+                    f"x{sdpa / med:.2f} peak {peak / 2**20:8.1f} MiB"
+                )
+    return {
+        "backward": "O(N) blockwise backward" if has_backward else "autograd through the loop",
+        "rows": rows,
+        "skipped": skipped,
+    }
+
+
+def threads_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the NumPy pool gains: blockwise with it against blockwise without it, same run."""
+    from portattn._lib._threads import pool_workers
+
+    out = []
+    for n, causal in dict.fromkeys((r["n"], r["causal"]) for r in rows):
+        group = {r["subject"]: r for r in rows if r["n"] == n and r["causal"] == causal}
+        if NO_POOL in group and "portattn numpy blockwise" in group:
+            on, off = group["portattn numpy blockwise"]["median_s"], group[NO_POOL]["median_s"]
+            out.append(
+                {"n": n, "causal": causal, "pool_s": on, "no_pool_s": off, "speedup": off / on}
+            )
+    return {"workers": pool_workers(1 << 10, 1 << 40), "rows": out}
+
+
+def _tile_passes(lib: str, qb: Any, kt: Any, vb: Any) -> dict[str, float]:
+    import torch
+
+    mod: Any = torch if lib == "torch" else np
+    t = {}
+    t0 = time.perf_counter()
+    s = qb @ kt
+    t["scores matmul"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    m = s.max(-1, keepdims=True) if lib == "numpy" else s.amax(-1, keepdim=True)
+    t["row max"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    s -= m
+    t["subtract (in place)"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    e = mod.exp(s)
+    t["exp"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    e.sum(-1, keepdims=True) if lib == "numpy" else e.sum(-1, keepdim=True)
+    t["row sum"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    e @ vb
+    t["value matmul"] = time.perf_counter() - t0
+    return t
+
+
+def tile_profile(rounds: int = 5) -> dict[str, Any]:
+    """Time each pass of one blockwise tile (N=2048's default tile), per library.
+
+    The passes of ``_blockwise._query_block`` written out one by one, so the
+    record says where a tile's time goes: the two matmuls against the
+    elementwise passes (max, subtract, exp, sum) that NumPy runs on one core.
+    """
+    import torch
+
+    res: dict[str, Any] = {}
+    for lib in ("numpy", "torch"):
+        bq, bk = (128, 1024) if lib == "numpy" else (128, 512)
+        rng = np.random.default_rng(0)
+        qb = rng.standard_normal((1, H, bq, D), dtype=np.float32)
+        kt = rng.standard_normal((1, H, D, bk), dtype=np.float32)
+        vb = rng.standard_normal((1, H, bk, D), dtype=np.float32)
+        if lib == "torch":
+            qb, kt, vb = (torch.from_numpy(x) for x in (qb, kt, vb))
+
+        _tile_passes(lib, qb, kt, vb)
+        runs = [_tile_passes(lib, qb, kt, vb) for _ in range(rounds)]
+        med = {name: statistics.median(r[name] for r in runs) for name in runs[0]}
+        total = sum(med.values())
+        res[lib] = {
+            "tile": [1, H, bq, bk],
+            "median_us": {k: v * 1e6 for k, v in med.items()},
+            "share": {k: v / total for k, v in med.items()},
+        }
+        print(f"tile profile {lib}:", {k: f"{v:.0%}" for k, v in res[lib]["share"].items()})
+    return res
 
 
 def _library(name: str) -> str:
@@ -349,6 +546,7 @@ def summarise(times: dict[str, list[float]], n: int, causal: bool) -> list[dict[
                 "median_s": med,
                 "min_s": min(ts),
                 "gflops": gflop(n, causal) / med,
+                "load": [round(x, 2) for x in os.getloadavg()],
             }
         )
     sdpa = next(r for r in rows if r["subject"] == "torch SDPA")
@@ -378,6 +576,15 @@ def markdown(record: dict[str, Any]) -> str:
         lines.append(
             f"| {r['n']} | {r['subject']} | {r['peak_bytes'] / 2**20:.1f} | {r['ratio']:.2f} |"
         )
+    tr = record.get("training", {}).get("rows", [])
+    if tr:
+        lines += ["", "| N | causal | forward + backward | median ms | x SDPA | peak MiB |"]
+        lines += ["| ---: | :---: | --- | ---: | ---: | ---: |"]
+        for r in tr:
+            lines.append(
+                f"| {r['n']} | {'yes' if r['causal'] else 'no'} | {r['subject']} | "
+                f"{r['median_s'] * 1e3:.1f} | {r['vs_sdpa']:.2f} | {r['peak_bytes'] / 2**20:.1f} |"
+            )
     ch = record["chapter"]
     lines += ["", "| 6 x 8 | median us | x plain numpy |", "| --- | ---: | ---: |"]
     for name, us in ch["median_us"].items():
@@ -522,6 +729,11 @@ def main() -> None:
         action="store_true",
         help="only forward + backward memory and time (grad.json); with --quick, N=2048",
     )
+    parser.add_argument(
+        "--no-dask",
+        action="store_true",
+        help="leave dask.json as it is (its rows take long on a shared machine)",
+    )
     args = parser.parse_args()
     # Forward + backward rows go to their own record too; a full run writes them.
     if args.grad_only or not args.quick:
@@ -538,7 +750,7 @@ def main() -> None:
         if args.grad_only:
             return
     # The dask rows go to their own record: a full run writes them too.
-    if args.dask_only or not args.quick:
+    if args.dask_only or not (args.quick or args.no_dask):
         args.out.mkdir(parents=True, exist_ok=True)
         dask_sizes = tuple(n for n in DASK_SIZES if n <= args.max_n)
         dask_record = {
@@ -590,6 +802,11 @@ def main() -> None:
                     f"N={n:5d} causal={causal!s:5} {r['subject']:28s} "
                     f"{r['median_s'] * 1e3:9.2f} ms {r['gflops']:7.1f} GFLOP/s x{r['vs_sdpa']:.2f}"
                 )
+    record["threads"] = threads_summary(record["throughput"])
+    train_sizes = tuple(n for n in TRAINING_SIZES if n <= max(args.max_n, 2048))
+    record["training"] = training(train_sizes[:1] if args.quick else train_sizes, 3)
+    record["skipped"] += record["training"].pop("skipped")
+    record["profile"] = tile_profile()
     record["memory"] = memory(mem_sizes)
     record["chapter"] = chapter_overhead(3 if args.quick else 7)
     print("chapter size:", record["chapter"]["median_us"])

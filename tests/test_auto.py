@@ -61,11 +61,19 @@ def _kwargs(backend: Backend, rng: np.random.Generator, kw: dict, lq: int, lk: i
 def spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Records the name of every path the entry point runs."""
     ran: list[str] = []
-    for name in ("native_attention", "blockwise_attention", "materialize_attention"):
-        real = getattr(entry, name)
+    paths = {
+        "native_attention": "native",
+        "blockwise_attention": "blockwise",
+        "differentiable_blockwise": "blockwise",  # blockwise with its own backward
+        "materialize_attention": "materialize",
+    }
+    for name, path in paths.items():
+        real = getattr(entry, name, None)
+        if real is None:
+            continue
 
-        def wrapper(*args, _real=real, _name=name, **kwargs):
-            ran.append(_name.removesuffix("_attention"))
+        def wrapper(*args, _real=real, _path=path, **kwargs):
+            ran.append(_path)
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(entry, name, wrapper)

@@ -24,7 +24,14 @@ import math
 import numpy as np
 
 from ._lib._checks import check_int_pair
-from ._lib._compat import is_concrete, is_dask_namespace, is_writeable_array, namespace_library
+from ._lib._compat import (
+    is_concrete,
+    is_dask_namespace,
+    is_numpy_namespace,
+    is_writeable_array,
+    namespace_library,
+)
+from ._lib._threads import map_blocks, pool_workers
 from ._lib._typing import Array, Namespace
 from ._problem import Problem, empty_result, expand
 from ._softmax import exp_floor, lse_from, safe_exp
@@ -92,9 +99,20 @@ def blockwise_attention(
         out = xp.empty((*p.batch, p.lq, p.dv), dtype=p.q.dtype, device=p.device)
         lse = xp.empty((*p.batch, p.lq), dtype=p.q.dtype, device=p.device)
     outs, lses = [], []
-    for q0 in range(0, p.lq, bq):
+    starts = range(0, p.lq, bq)
+
+    def one(q0: int) -> tuple[Array, Array]:
+        return _query_block(p, q0, min(q0 + bq, p.lq), k_t, bk, floor=floor, xp=xp)
+
+    # NumPy only: eager, no autograd, and its ufuncs run on one core (_lib._threads).
+    workers = 1
+    if is_numpy_namespace(xp):
+        work = math.prod(p.batch) * p.lq * p.lk * (p.q.shape[-1] + p.dv)
+        workers = pool_workers(len(starts), work)
+    for q0, (out_blk, lse_blk) in zip(
+        starts, map_blocks(one, starts, workers=workers), strict=True
+    ):
         q1 = min(q0 + bq, p.lq)
-        out_blk, lse_blk = _query_block(p, q0, q1, k_t, bk, floor=floor, xp=xp)
         if in_place:
             out[..., q0:q1, :] = out_blk
             lse[..., q0:q1] = lse_blk
@@ -175,6 +193,9 @@ def _query_block(
     neg_inf = xp.asarray(-xp.inf, dtype=p.q.dtype, device=p.device)
     zero = xp.asarray(0.0, dtype=p.q.dtype, device=p.device)
     m = total = acc = None
+    # The row max may be subtracted in place on real, writeable tiles that
+    # autograd has not saved (checked per tile: s.requires_grad).
+    mutable = is_concrete(qb) and is_writeable_array(qb)
     for k0 in range(lo, hi, bk):
         k1 = min(k0 + bk, hi)
         s = p.scores(qb, k_t[..., k0:k1], q0, q1, k0, k1, xp=xp)  # (..., bq, bk)
@@ -186,8 +207,12 @@ def _query_block(
         # A row that has seen nothing yet keeps m = -inf; shift it by 0 so
         # that -inf - -inf never happens (its exp terms are all exactly 0).
         shift = xp.where(m_new == neg_inf, zero, m_new)
-        # Out of place: autograd may have saved s for the row max's gradient.
-        s = s - shift
+        # In place only on a tile autograd cannot have saved (it may keep s
+        # for the row max's gradient): NumPy's, or a tensor needing no grad.
+        if mutable and not getattr(s, "requires_grad", False):
+            s -= shift
+        else:
+            s = s - shift
         # exp may only see values it can take without an underflow flag
         # (see _softmax.exp_floor); floor is None when a bound proves it.
         e = xp.exp(s) if floor is None else safe_exp(s, floor, xp=xp)
