@@ -3,7 +3,9 @@
 Run as ``python benchmarks/gpu.py`` on the device machine (torch with CUDA
 required; CuPy optional, skipped with the reason when missing). Times with
 CUDA events after a synchronising warm-up, medians of at least 5 runs,
-bf16/fp16/fp32 (CuPy has no bfloat16), causal and not, N up to 16384.
+bf16/fp16/fp32 (CuPy has no bfloat16), causal and not, N up to 16384; the
+same rows as the CPU record: auto, blockwise, native, and forward+backward of
+blockwise against SDPA's.
 Peak memory from ``torch.cuda.max_memory_allocated`` (torch) and CuPy's
 memory pool high-water mark. Writes ``benchmarks/results/gpu.json``.
 """
@@ -40,6 +42,12 @@ def _time(fn: Callable[[], Any], sync: Callable[[], None], rounds: int) -> list[
     return out
 
 
+def _train(f: Callable[[Any, Any, Any], Any], q: Any, k: Any, v: Any) -> None:
+    """One forward + backward of ``f(q, k, v).sum()`` with respect to all three inputs."""
+    a, b, w = (x.detach().requires_grad_() for x in (q, k, v))
+    f(a, b, w).float().sum().backward()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -73,6 +81,27 @@ def main() -> None:
                     ),
                     "portattn torch auto": (
                         lambda q=q, k=k, v=v, c=causal: pa.attention(q, k, v, causal=c),
+                        torch.cuda.synchronize,
+                    ),
+                    "portattn torch blockwise": (
+                        lambda q=q, k=k, v=v, c=causal: pa.attention(
+                            q, k, v, causal=c, impl="blockwise"
+                        ),
+                        torch.cuda.synchronize,
+                    ),
+                    "torch SDPA forward+backward": (
+                        lambda q=q, k=k, v=v, c=causal: _train(
+                            lambda a, b, w: sdpa(a, b, w, is_causal=c), q, k, v
+                        ),
+                        torch.cuda.synchronize,
+                    ),
+                    "portattn torch blockwise forward+backward": (
+                        lambda q=q, k=k, v=v, c=causal: _train(
+                            lambda a, b, w: pa.attention(a, b, w, causal=c, impl="blockwise"),
+                            q,
+                            k,
+                            v,
+                        ),
                         torch.cuda.synchronize,
                     ),
                     "portattn torch native": (

@@ -80,7 +80,9 @@ def gflop(n: int, causal: bool) -> float:
     return (flops / 2 if causal else flops) / 1e9
 
 
-def subjects(n: int, causal: bool) -> dict[str, Callable[[], Any]]:
+def subjects(
+    n: int, causal: bool, materialize_max_n: int = MATERIALIZE_MAX_N
+) -> dict[str, Callable[[], Any]]:
     import torch
 
     import portattn as pa
@@ -95,7 +97,7 @@ def subjects(n: int, causal: bool) -> dict[str, Callable[[], Any]]:
     impls = [
         i
         for i in ("auto", "blockwise", "materialize")
-        if i != "materialize" or n <= MATERIALIZE_MAX_N
+        if i != "materialize" or n <= materialize_max_n
     ]
     # One library's subjects run back to back (see time_interleaved).
     for impl in impls:
@@ -103,7 +105,7 @@ def subjects(n: int, causal: bool) -> dict[str, Callable[[], Any]]:
             tq, tk, tv, causal=causal, impl=impl
         )
     out["portattn torch native"] = lambda: pa.attention(tq, tk, tv, causal=causal, impl="native")
-    if n <= MATERIALIZE_MAX_N:
+    if n <= materialize_max_n:
         out["plain numpy"] = lambda: plain_numpy(q, k, v, causal)
     for impl in impls:
         out[f"portattn numpy {impl}"] = lambda impl=impl: pa.attention(
@@ -724,6 +726,14 @@ def main() -> None:
         action="store_true",
         help="only the dask rows (dask.json); with --quick, one round",
     )
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per size (default 7/5)")
+    parser.add_argument(
+        "--materialize-max-n",
+        type=int,
+        default=MATERIALIZE_MAX_N,
+        help="largest N for materialize and plain numpy (throughput)",
+    )
+    parser.add_argument("--memory-max-n", type=int, default=max(MEMORY_SIZES))
     parser.add_argument(
         "--grad-only",
         action="store_true",
@@ -771,7 +781,7 @@ def main() -> None:
         if args.dask_only:
             return
     sizes = tuple(n for n in SIZES if n <= (2048 if args.quick else args.max_n))
-    mem_sizes = tuple(n for n in MEMORY_SIZES if n <= 2048) if args.quick else MEMORY_SIZES
+    mem_sizes = tuple(n for n in MEMORY_SIZES if n <= (2048 if args.quick else args.memory_max_n))
     args.out.mkdir(parents=True, exist_ok=True)
 
     record: dict[str, Any] = {
@@ -786,6 +796,13 @@ def main() -> None:
         ],
         "throughput": [],
     }
+    if args.materialize_max_n < MATERIALIZE_MAX_N:
+        record["skipped"].append(
+            f"materialize and plain numpy above N={args.materialize_max_n} in this run "
+            "(--materialize-max-n): on a loaded machine they take minutes per round"
+        )
+    if any(n not in mem_sizes for n in MEMORY_SIZES):
+        record["skipped"].append(f"memory above N={max(mem_sizes)} in this run (--memory-max-n)")
     if any(n not in sizes for n in SIZES):
         record["skipped"].append(
             f"throughput above N={max(sizes)} in this run (--max-n), to keep it short on a "
@@ -794,7 +811,8 @@ def main() -> None:
     for n in sizes:
         for causal in (False, True):
             rounds = 3 if args.quick else (7 if n <= 2048 else 5)
-            times = time_interleaved(subjects(n, causal), rounds)
+            rounds = args.rounds or rounds
+            times = time_interleaved(subjects(n, causal, args.materialize_max_n), rounds)
             rows = summarise(times, n, causal)
             record["throughput"] += rows
             for r in rows:
@@ -804,7 +822,7 @@ def main() -> None:
                 )
     record["threads"] = threads_summary(record["throughput"])
     train_sizes = tuple(n for n in TRAINING_SIZES if n <= max(args.max_n, 2048))
-    record["training"] = training(train_sizes[:1] if args.quick else train_sizes, 3)
+    record["training"] = training(train_sizes[:1] if args.quick else train_sizes, 2)
     record["skipped"] += record["training"].pop("skipped")
     record["profile"] = tile_profile()
     record["memory"] = memory(mem_sizes)
