@@ -34,7 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ._blockwise import _exp_cannot_underflow, block_sizes
+from ._blockwise import _exp_cannot_underflow, block_sizes, traced_block_sizes
+from ._lib._compat import is_concrete
 from ._lib._typing import Array, Namespace
 from ._problem import Problem
 from ._softmax import exp_floor, safe_exp
@@ -86,9 +87,15 @@ def blockwise_backward(
     bq, bk = block_sizes(block_size, xp=xp, batch=p.batch)
     dtype = p.q.dtype
     want_bias = want_bias and p.bias is not None
-    if p.lq == 0 or p.lk == 0:
+    if p.lq == 0 or p.lk == 0 or math.prod(p.batch) == 0:
         return _zeros(p, want_bias=want_bias, xp=xp)
-    floor = None if _exp_cannot_underflow(p, xp=xp) else exp_floor(dtype, xp=xp)
+    # As in the forward: under a trace the loop unrolls, so blocks grow to
+    # bound the program, and only concrete arrays are read for the bound.
+    concrete = is_concrete(p.q)
+    if not concrete:
+        bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk)
+    shortcut = concrete and _exp_cannot_underflow(p, xp=xp)
+    floor = None if shortcut else exp_floor(dtype, xp=xp)
 
     # D = rowsum(dO ∘ O) - dlse, and the lse as a column; a row that saw
     # nothing (lse = -inf) is shifted by 0 so that -inf - -inf never happens.
