@@ -158,6 +158,15 @@ def attention(
     other rows are unaffected. Scale such inputs down, or compute in
     float64. Inputs wider than float64 (``np.longdouble``) are refused.
 
+    Gradients: every ``impl`` differentiates under torch autograd and
+    ``jax.grad``. The blockwise path has its own FlashAttention-2 backward,
+    written once in the array API (tiles recomputed from the saved
+    log-sum-exp, hidden tiles skipped), so training keeps O(Lq + Lk) extra
+    memory; it is registered as a ``torch.autograd.Function`` and a
+    ``jax.custom_vjp``. ``bias`` and the ``return_lse`` output have
+    gradients; masks and lengths have none. Double backward through the
+    blockwise path is refused.
+
     On dask arrays the result is a lazy dask array chunked like ``query``:
     one task per (query chunk, key chunk) pair that positions leave visible,
     merged exactly through the log-sum-exp, at most
