@@ -9,7 +9,7 @@ per-backend sessions, the large-N / cluster / model suites, the inductor
 suite, the docs and the benchmarks are named sessions (``nox -l`` lists
 them). The GPU sessions skip there with the reason.
 
-All CPU sessions and ``bench`` run in ONE environment, ``.nox/cpu-env``
+All CPU sessions, ``lint`` and ``bench`` run in ONE environment, ``.nox/cpu-env``
 (the ``cpu-env`` session builds it, the others require it), so ``.nox``
 holds one torch, not one per session. With uv installed next to nox, nox
 builds environments with uv, whose cache hard-links the wheels instead of
@@ -38,7 +38,9 @@ PYPROJECT = nox.project.load_toml("pyproject.toml")
 # On CI, .ci/run pins torch's CPU wheel through PIP_CONSTRAINT/UV_CONSTRAINT;
 # users elsewhere get whatever torch their installer resolves.
 CPU_EXTRAS = ".[torch,strict,plot,transformers]"
-CPU_GROUPS = ("test", "bench")
+# lint runs here too: mypy must see torch and transformers as the code does
+# (without them, subclassing torch.autograd.Function is "subclassing Any").
+CPU_GROUPS = ("test", "bench", "lint")
 CPU_BACKENDS = "numpy,numpy_readonly,torch,array_api_strict,jax"
 
 # What the default run leaves out (pyproject.toml registers the markers):
@@ -216,13 +218,12 @@ def tests_cupy(session: nox.Session) -> None:
     )
 
 
-@nox.session
+@_shared()
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check, mypy --strict on src."""
-    session.install("-e", ".", *nox.project.dependency_groups(PYPROJECT, "lint"))
-    session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", ".")
-    session.run("mypy")
+    _run(session, "-m", "ruff", "check", ".")
+    _run(session, "-m", "ruff", "format", "--check", ".")
+    _run(session, "-m", "mypy")
 
 
 @nox.session(default=False)
