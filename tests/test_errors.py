@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -122,6 +124,21 @@ def test_unknown_causal(qkv, causal):
         ValueError, match=r"expected causal to be False, True, 'top_left' or 'bottom_right'"
     ):
         pa.attention(q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("causal", [None, 0, 1, "yes"])
+def test_attention_and_linear_attention_refuse_the_same_stand_ins(backend: Backend, rng, causal):
+    """Neither entry point reads None, 0, 1 or a word as False or True: both refuse it,
+    naming what they expected and what they got, where they both accept False and True."""
+    x = backend.asarray(rng.standard_normal((3, 2)))
+    got = rf"got (\w+ )?{re.escape(repr(causal))}$"
+    for entry in (pa.attention, pa.linear_attention):
+        for flag in (False, True):
+            assert entry(x, x, x, causal=flag).shape == (3, 2)
+        with pytest.raises(ValueError, match=r"expected causal to be (False, )?True.*" + got):
+            entry(x, x, x, causal=causal)
+    with pytest.raises(ValueError, match=r"expected causal to be False, True.*" + got):
+        pa.attention_weights(x, x, causal=causal)
 
 
 @pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.5", True])

@@ -56,7 +56,7 @@ def normalize_causal(causal: object) -> bool | Align:
     cache in front of this check would accept ``causal=1`` once ``True`` had
     been seen.
     """
-    if causal is None or causal is False or causal is True:
+    if causal is False or causal is True:
         return bool(causal)
     if isinstance(causal, str) and causal in _ALIGNS:
         return "top_left" if causal == "top_left" else "bottom_right"
