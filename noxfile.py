@@ -185,12 +185,11 @@ def inductor(session: nox.Session) -> None:
 GPU_VENV = None if _cuda_present() else "none"
 
 
-@nox.session(name="tests-torch-cuda", venv_backend=GPU_VENV)
-def tests_torch_cuda(session: nox.Session) -> None:
-    """The default suite on PyTorch CUDA; skips without an NVIDIA GPU."""
+def _pytest_gpu(session: nox.Session, extras: str, backend: str) -> None:
+    """The default suite on one GPU backend, in the session's own environment."""
     if GPU_VENV == "none":
         session.skip("no CUDA device available (nvidia-smi found none)")
-    _install(session, ".[torch]", *_groups("test"))
+    _install(session, extras, *_groups("test"))
     session.run(
         "pytest",
         "tests",
@@ -198,25 +197,20 @@ def tests_torch_cuda(session: nox.Session) -> None:
         "-m",
         DEFAULT_MARKERS,
         *session.posargs,
-        env={"PORTATTN_BACKENDS": "torch_cuda"},
+        env={"PORTATTN_BACKENDS": backend},
     )
+
+
+@nox.session(name="tests-torch-cuda", venv_backend=GPU_VENV)
+def tests_torch_cuda(session: nox.Session) -> None:
+    """The default suite on PyTorch CUDA; skips without an NVIDIA GPU."""
+    _pytest_gpu(session, ".[torch]", "torch_cuda")
 
 
 @nox.session(name="tests-cupy", venv_backend=GPU_VENV)
 def tests_cupy(session: nox.Session) -> None:
     """The default suite on CuPy; skips without an NVIDIA GPU."""
-    if GPU_VENV == "none":
-        session.skip("no CUDA device available (nvidia-smi found none)")
-    _install(session, ".[torch,cupy]", *_groups("test"))
-    session.run(
-        "pytest",
-        "tests",
-        "--ignore=tests/site",
-        "-m",
-        DEFAULT_MARKERS,
-        *session.posargs,
-        env={"PORTATTN_BACKENDS": "cupy"},
-    )
+    _pytest_gpu(session, ".[torch,cupy]", "cupy")
 
 
 @_shared()
