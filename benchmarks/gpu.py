@@ -3,7 +3,8 @@
 Run as ``python benchmarks/gpu.py`` on a machine with an NVIDIA GPU (torch with
 CUDA required; CuPy optional, its rows skipped with the reason when it cannot
 run). ``scripts/gpu-check.sh`` runs it after the CUDA test sessions. Writes
-``benchmarks/results/gpu.json`` (``--out FILE`` elsewhere).
+``benchmarks/results/gpu.json`` (``--out FILE`` elsewhere). ``--max-n`` and
+``--rounds`` shorten a run that must fit a device budget.
 
 ``--dry-run-cpu`` runs the same code on the CPU, with tiny sizes and one
 round, NumPy standing in for CuPy: a check that the script works, on a
@@ -14,7 +15,7 @@ dtype) is timed in the same rounds, interleaved, after one warm-up call and
 one call that measures peak memory; ratios are taken within a run. A timing
 starts after a device synchronisation and ends at one: with CUDA events
 (``torch.cuda.Event``/``cupy.cuda.Event`` on the library's current stream)
-on the GPU, ``time.perf_counter`` on the CPU. half-precision inputs are
+on the GPU, ``time.perf_counter`` on the CPU. Half-precision inputs are
 computed in float32 by portattn and cast back; CuPy has no bfloat16.
 
 Record schema (``gpu.json``; close to ``cpu.json``, so the Performance page
@@ -26,16 +27,17 @@ can read both):
   multiprocessors, driver, CUDA and cuDNN versions, TF32 and SDPA kernel
   settings, and the versions of python, numpy, torch, cupy, array-api-compat
   and portattn; the CPU instead in a dry run), ``config`` (``B``, ``H``,
-  ``d``, ``sizes``, ``training_sizes``, ``dtypes`` per library, ``rounds``,
-  ``device``, ``timer``, ``dry_run``, ``stand_ins``), ``skipped``
-  (sentences: what did not run, and why);
+  ``d``, ``sizes``, ``training_sizes``, ``dtypes`` per library,
+  ``training_dtypes``, ``rounds``, ``device``, ``timer``, ``dry_run``,
+  ``stand_ins``), ``skipped`` (sentences: what did not run, and why);
 - ``throughput``: rows ``{subject, n, causal, dtype, runs, median_s, min_s,
   gflops, vs_sdpa, peak_bytes}``. Subjects are ``"torch SDPA"`` and
   ``"portattn <library> <impl>"`` for library ``torch`` (impl ``auto``,
   ``blockwise``, ``materialize``, ``native``) and ``cupy`` (``auto``,
-  ``blockwise``, ``materialize``); ``vs_sdpa`` is SDPA's median over the
-  subject's (above 1: faster than SDPA); ``peak_bytes`` is the extra device
-  memory of one call above its inputs, output included
+  ``blockwise``, ``materialize``); ``gflops`` counts ``4 B H N^2 d`` FLOPs,
+  halved when causal, as ``cpu.json`` does; ``vs_sdpa`` is SDPA's median
+  over the subject's (above 1: faster than SDPA); ``peak_bytes`` is the
+  extra device memory of one call above its inputs, output included
   (``torch.cuda.max_memory_allocated`` after a reset), ``null`` where the
   library's allocations are invisible to it (CuPy);
 - ``training`` (torch, forward + backward of ``out`` against a fixed
