@@ -23,7 +23,7 @@ from ._lib._compat import array_namespace, device_of, resolve_namespace
 from ._lib._typing import Array, Device, DType, Namespace
 from ._masks import Causal
 from ._positions import RopeLayout, rope_impl
-from ._problem import prepare
+from ._problem import Problem, prepare
 from ._torch_convert import from_torch, from_torch_weights, to_torch
 
 __all__ = ["MultiHeadAttention"]
@@ -420,23 +420,27 @@ class MultiHeadAttention:
 
     # ----------------------------------------------------------------------- calls
 
-    def _project(
+    def _prepare(
         self,
         x: Array,
         context: Array | None,
         *,
         mask: Array | None,
         causal: Causal,
+        window: int | tuple[int, int] | None,
         key_lengths: Array | None,
         positions: Array | None,
         cache: KVCache | None,
+        values: bool,
         xp: Namespace,
-    ) -> tuple[Array, Array, Array, Array | None, Causal, Array | None, Staged | None]:
-        """Project and split heads: q (..., Hkv, G, Lq, dh), k and v (..., Hkv, 1, Lk, dh).
+    ) -> tuple[Problem, Staged | None]:
+        """Project and split heads into one batched problem, and the tokens staged in ``cache``.
 
-        Every argument whose meaning does not depend on the projections is
-        checked before anything is computed; new tokens are only *staged* in
-        the cache, for the caller to commit once the whole call succeeded.
+        The problem's q is (..., Hkv, G, Lq, dh), its k and v (..., Hkv, 1,
+        Lk, dh); ``values=False`` leaves v out, for the weights alone. Every
+        argument whose meaning does not depend on the projections is checked
+        before anything is computed; new tokens are only *staged* in the
+        cache, for the caller to commit once the whole call succeeded.
         """
         check_floating("x", x, xp=xp)
         if x.ndim < 2 or int(x.shape[-1]) != self.d_model:
@@ -533,7 +537,17 @@ class MultiHeadAttention:
                 mask = xp.reshape(mask, (*mask.shape[:-3], hkv, g, *lq_lk))
         if key_lengths is not None:
             key_lengths = xp.reshape(key_lengths, (*key_lengths.shape, 1, 1))
-        return q, k, v, mask, causal, key_lengths, staged
+        p = prepare(
+            q,
+            k,
+            v if values else None,
+            mask=mask,
+            causal=causal,
+            window=window,
+            key_lengths=key_lengths,
+            xp=xp,
+        )
+        return p, staged
 
     def _check_layouts(self, x: Array, mask: Array | None, key_lengths: Array | None) -> int | None:
         """Refuse masks and lengths that would silently enlarge the batch; find a heads axis.
@@ -626,18 +640,17 @@ class MultiHeadAttention:
         # them, and they are committed only once everything else succeeded:
         # a call that raises leaves the cache exactly as it was.
         with nullcontext() if cache is None else cache.lock:
-            q, k, v, mask, causal, key_lengths, staged = self._project(
+            p, staged = self._prepare(
                 x,
                 context,
                 mask=mask,
                 causal=causal,
+                window=window,
                 key_lengths=key_lengths,
                 positions=positions,
                 cache=cache,
+                values=True,
                 xp=xp,
-            )
-            p = prepare(
-                q, k, v, mask=mask, causal=causal, window=window, key_lengths=key_lengths, xp=xp
             )
             out = solve(p, xp=xp)  # (..., Hkv, G, Lq, dh)
             if cache is not None and staged is not None:
@@ -676,18 +689,17 @@ class MultiHeadAttention:
         (4, 5, 5)
         """
         xp = array_namespace(x, context, mask, key_lengths, positions, self.wq)
-        q, k, _, mask, causal, key_lengths, _ = self._project(
+        p, _ = self._prepare(
             x,
             context,
             mask=mask,
             causal=causal,
+            window=window,
             key_lengths=key_lengths,
             positions=positions,
             cache=None,
+            values=False,
             xp=xp,
-        )
-        p = prepare(
-            q, k, None, mask=mask, causal=causal, window=window, key_lengths=key_lengths, xp=xp
         )
         w = solve_weights(p, xp=xp)  # (..., Hkv, G, Lq, Lk)
         return xp.reshape(w, (*w.shape[:-4], self.num_heads, *w.shape[-2:]))  # (..., H, Lq, Lk)
