@@ -132,3 +132,24 @@ def rtol_for(backend: Backend, dtype: Any) -> float:
     if dtype == backend.xp.float32:
         return 1e-5
     return 1e-2
+
+
+def option_arrays(
+    backend: Backend, rng: np.random.Generator, options: dict[str, Any], lq: int, lk: int
+) -> dict[str, Any]:
+    """``options`` with the placeholders "m", "b", "kl" and "ql" made arrays on ``backend``.
+
+    For a batch of 2 and (Lq, Lk) pairs: "m" a (2, 1, Lq, Lk) boolean mask
+    with a fully hidden row, "b" an (Lq, Lk) float32 bias, "kl" and "ql" key
+    and query lengths (the first sequence full, the second short). Other
+    values pass through, so a table of cases can name arrays it cannot hold.
+    """
+    mask = rng.random((2, 1, lq, lk)) < 0.6
+    mask[0, 0, 1] = False  # a fully hidden row
+    table = {
+        "m": backend.asarray(mask),
+        "b": backend.asarray(rng.standard_normal((lq, lk)), backend.xp.float32),
+        "kl": backend.asarray(np.array([[lk], [2]])),
+        "ql": backend.asarray(np.array([[lq], [3]])),
+    }
+    return {k: table.get(v, v) if isinstance(v, str) else v for k, v in options.items()}

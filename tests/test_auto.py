@@ -16,7 +16,7 @@ import portattn as pa
 import portattn._attention as entry
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, rtol_for
+from conftest import Backend, option_arrays, rtol_for
 
 BIG = 300  # 300 x 300 pairs > 256 x 256: above the materialising size
 
@@ -43,18 +43,6 @@ CASES = {
     "softcap_big": ({"softcap": 2.0, "causal": True}, BIG, BIG, "blockwise"),
     "lse": ({"return_lse": True}, 6, 6, "materialize"),
 }
-
-
-def _kwargs(backend: Backend, rng: np.random.Generator, kw: dict, lq: int, lk: int) -> dict:
-    mask = rng.random((2, 1, lq, lk)) < 0.6
-    mask[0, 0, 1] = False  # a fully hidden row
-    table = {
-        "m": backend.asarray(mask),
-        "b": backend.asarray(rng.standard_normal((lq, lk)), backend.xp.float32),
-        "kl": backend.asarray(np.array([[lk], [2]])),
-        "ql": backend.asarray(np.array([[lq], [3]])),
-    }
-    return {name: table.get(val, val) if isinstance(val, str) else val for name, val in kw.items()}
 
 
 @pytest.fixture
@@ -96,7 +84,7 @@ def test_auto_takes_the_rule_path_and_agrees_with_materialize(backend, rng, spy,
     kw, lq, lk, torch_path = CASES[name]
     kw = dict(kw)
     want_lse = kw.pop("return_lse", False)
-    kwargs = _kwargs(backend, rng, kw, lq, lk)
+    kwargs = option_arrays(backend, rng, kw, lq, lk)
     q, k, v = (rng.standard_normal((2, 3, n, 8)) for n in (lq, lk, lk))
     xp = backend.xp
     for dtype in backend.float_dtypes:

@@ -8,7 +8,7 @@ import pytest
 import portattn as pa
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, rtol_for
+from conftest import Backend, option_arrays, rtol_for
 
 CASES = {
     "plain": ({}, 6, 6),
@@ -24,18 +24,6 @@ CASES = {
     "lengths": ({"key_lengths": "kl", "query_lengths": "ql"}, 6, 8),
     "scale": ({"scale": 0.3}, 5, 5),
 }
-
-
-def _kwargs(backend, rng, kw, lq, lk):
-    mask = rng.random((2, 1, lq, lk)) < 0.6
-    mask[0, 0, 1] = False  # a fully hidden row
-    table = {
-        "m": backend.asarray(mask),
-        "b": backend.asarray(rng.standard_normal((lq, lk)), backend.xp.float32),
-        "kl": backend.asarray(np.array([[lk], [2]])),
-        "ql": backend.asarray(np.array([[lq], [3]])),
-    }
-    return {name: table.get(val, val) if isinstance(val, str) else val for name, val in kw.items()}
 
 
 def _has_kernel(backend: Backend) -> bool:
@@ -54,7 +42,7 @@ def test_native_agrees_with_generic(backend: Backend, rng, name):
         return
     xp = backend.xp
     kw, lq, lk = CASES[name]
-    kwargs = _kwargs(backend, rng, kw, lq, lk)
+    kwargs = option_arrays(backend, rng, kw, lq, lk)
     q, k, v = (rng.standard_normal((2, 3, n, 8)) for n in (lq, lk, lk))
     for dtype in backend.float_dtypes:
         args = [backend.asarray(a, dtype) for a in (q, k, v)]
