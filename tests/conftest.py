@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from portattn._lib._backends import BACKENDS, load
+from portattn.testing import assert_close
 
 KNOWN = tuple(b.name for b in BACKENDS)  # the one list, shared with the docs and the CLI
 ENV = "PORTATTN_BACKENDS"
@@ -132,6 +133,22 @@ def rtol_for(backend: Backend, dtype: Any) -> float:
     if dtype == backend.xp.float32:
         return 1e-5
     return 1e-2
+
+
+def assert_close_on(
+    backend: Backend, actual: Any, desired: Any, /, *, dtype: Any, **kwargs: Any
+) -> None:
+    """``actual`` is in ``backend``'s namespace, on its device, in ``dtype``, and agrees with
+    ``desired`` to ``dtype``'s bound (:func:`rtol_for`); ``kwargs`` go to ``assert_close``."""
+    assert_close(
+        actual,
+        desired,
+        rtol=rtol_for(backend, dtype),
+        xp=backend.xp,
+        dtype=dtype,
+        device=backend.device,
+        **kwargs,
+    )
 
 
 def option_arrays(

@@ -9,7 +9,7 @@ import portattn as pa
 from portattn._lib import _compat
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, rtol_for
+from conftest import Backend, assert_close_on
 from reference import attention_ref
 
 # Every semantic test runs on the materialising path and on the blockwise
@@ -92,7 +92,6 @@ def _on(backend: Backend, kwargs: dict, dtype=None) -> dict:
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("name", OPTION_NAMES)
 def test_matches_float64_reference(backend: Backend, rng, impl, name):
-    xp = backend.xp
     opts, lq, lk = _options(rng, name)
     q, k, v = _qkv(rng, lq, lk)
     for dtype in backend.float_dtypes:
@@ -104,15 +103,7 @@ def test_matches_float64_reference(backend: Backend, rng, impl, name):
             **impl,
         )
         want, _ = attention_ref(q, k, v, **opts)
-        assert_close(
-            got,
-            want,
-            rtol=rtol_for(backend, dtype),
-            xp=xp,
-            dtype=dtype,
-            device=backend.device,
-            shape=(2, 3, lq, DV),
-        )
+        assert_close_on(backend, got, want, dtype=dtype, shape=(2, 3, lq, DV))
 
 
 @pytest.mark.parametrize("name", OPTION_NAMES)

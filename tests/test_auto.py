@@ -16,7 +16,7 @@ import portattn as pa
 import portattn._attention as entry
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, option_arrays, rtol_for
+from conftest import Backend, assert_close_on, option_arrays, rtol_for
 
 BIG = 300  # 300 x 300 pairs > 256 x 256: above the materialising size
 
@@ -96,8 +96,7 @@ def test_auto_takes_the_rule_path_and_agrees_with_materialize(backend, rng, spy,
         if want_lse:
             assert_close(got[1], want[1], rtol=rtol_for(backend, dtype), xp=xp)
             got, want = got[0], want[0]
-        rtol = rtol_for(backend, dtype)
-        assert_close(got, want, rtol=rtol, xp=xp, dtype=dtype, device=backend.device)
+        assert_close_on(backend, got, want, dtype=dtype)
         assert not np.isnan(to_numpy(got)).any()
 
 

@@ -9,7 +9,7 @@ import torch
 import portattn as pa
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, rtol_for
+from conftest import Backend, assert_close_on
 
 B, H, L, D, DV = 2, 3, 23, 5, 4
 
@@ -53,14 +53,7 @@ def test_matches_paper_oracle(backend: Backend, rng, causal):
         for dtype in backend.float_dtypes:
             args = [backend.asarray(a, dtype) for a in (q, k, v)]
             got = pa.linear_attention(*args, causal=causal, eps=eps)
-            assert_close(
-                got,
-                want,
-                rtol=rtol_for(backend, dtype),
-                xp=backend.xp,
-                dtype=dtype,
-                device=backend.device,
-            )
+            assert_close_on(backend, got, want, dtype=dtype)
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 64, 1000])

@@ -15,7 +15,7 @@ from portattn import _multihead
 from portattn._lib import _compat
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, rtol_for
+from conftest import Backend, assert_close_on, rtol_for
 
 B, LQ, LK, D = 2, 5, 7, 12
 
@@ -80,9 +80,7 @@ def test_matches_torch_multihead_attention(backend: Backend, rng, bias, case, pr
     args = (backend.asarray(x, dtype),) + ((backend.asarray(ctx, dtype),) if cross else ())
     mask = None if our_mask is None else backend.asarray(our_mask)
     got = mha(*args, mask=mask)
-    assert_close(
-        got, want, rtol=rtol_for(backend, dtype), xp=backend.xp, dtype=dtype, device=backend.device
-    )
+    assert_close_on(backend, got, want, dtype=dtype)
 
 
 def test_key_lengths_match_torch_key_padding_mask(backend: Backend, rng):

@@ -8,7 +8,7 @@ import pytest
 import portattn as pa
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, option_arrays, rtol_for
+from conftest import Backend, assert_close_on, option_arrays
 
 CASES = {
     "plain": ({}, 6, 6),
@@ -52,9 +52,7 @@ def test_native_agrees_with_generic(backend: Backend, rng, name):
             continue
         got = pa.attention(*args, impl="native", **kwargs)
         want = pa.attention(*args, impl="materialize", **kwargs)
-        assert_close(
-            got, want, rtol=rtol_for(backend, dtype), xp=xp, dtype=dtype, device=backend.device
-        )
+        assert_close_on(backend, got, want, dtype=dtype)
         assert not np.isnan(to_numpy(got)).any()
 
 

@@ -14,7 +14,7 @@ import torch
 import portattn as pa
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, rtol_for
+from conftest import Backend, assert_close_on
 
 B, H, D = 2, 3, 4
 JAX_RTOL = 1e-6  # jax's float32 softmax, see the module docstring
@@ -87,14 +87,7 @@ def test_window_matches_explicit_mask_torch(backend: Backend, rng, window, causa
     for dtype in backend.float_dtypes:
         args = [backend.asarray(a, dtype) for a in (q, k, v)]
         got = pa.attention(*args, window=window, causal=causal, **opts)
-        assert_close(
-            got,
-            want,
-            rtol=rtol_for(backend, dtype),
-            xp=backend.xp,
-            dtype=dtype,
-            device=backend.device,
-        )
+        assert_close_on(backend, got, want, dtype=dtype)
 
 
 @pytest.mark.parametrize("opts", IMPLS)
@@ -167,9 +160,7 @@ def test_lengths_match_torch(backend: Backend, rng, which, extra, opts):
         n: backend.asarray(np.array(a)[:, None]) for n, a in lengths.items()
     }  # (B, 1): over heads
     got = pa.attention(*(backend.asarray(a) for a in (q, k, v)), **ours, **extra, **opts)
-    assert_close(
-        got, want, rtol=1e-12, xp=backend.xp, dtype=backend.xp.float64, device=backend.device
-    )
+    assert_close_on(backend, got, want, dtype=backend.xp.float64)
     # padded query rows output exactly 0
     assert np.all(to_numpy(got)[np.broadcast_to(~allowed.any(-1, keepdims=True), got.shape)] == 0)
 
