@@ -59,14 +59,7 @@ def model(arch: str):
 
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
     """Three sequences of different lengths, left-padded with token 0."""
-    g = torch.Generator().manual_seed(7)
-    width = max(LENGTHS)
-    ids = torch.zeros(len(LENGTHS), width, dtype=torch.long)
-    mask = torch.zeros(len(LENGTHS), width, dtype=torch.long)
-    for row, n in enumerate(LENGTHS):
-        ids[row, width - n :] = torch.randint(3, 128, (n,), generator=g)
-        mask[row, width - n :] = 1
-    return ids, mask
+    return hf.tiny_batch(LENGTHS)
 
 
 def logits_with(model, implementation: str) -> torch.Tensor:

@@ -42,17 +42,6 @@ class Support:
     refused: str | None = None  # the error portattn raised instead, if it did
 
 
-def _batch() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    width = max(LENGTHS)
-    ids = torch.zeros(len(LENGTHS), width, dtype=torch.long)
-    mask = torch.zeros(len(LENGTHS), width, dtype=torch.long)
-    for row, n in enumerate(LENGTHS):
-        ids[row, width - n :] = torch.randint(3, 128, (n,), generator=g)
-        mask[row, width - n :] = 1
-    return ids, mask
-
-
 def _references(arch: str) -> tuple[str, ...]:
     return ("eager",) if arch == "gemma2" else ("eager", "sdpa")  # Gemma 2 refuses sdpa
 
@@ -89,7 +78,7 @@ def support(arch: str) -> Support:
 def _support(arch: str) -> Support:
     name = hf.register()
     model = hf.tiny_model(arch, attn_implementation=name)
-    ids, mask = _batch()
+    ids, mask = hf.tiny_batch(LENGTHS)  # the model tests' batch
     real = mask.bool()
 
     def logits(impl: str) -> torch.Tensor:

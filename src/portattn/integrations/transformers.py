@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover - other transformers versions
 
 from .._attention import Impl, attention, attention_weights
 
-__all__ = ["ARCHITECTURES", "attention_forward", "main", "register", "tiny_model"]
+__all__ = ["ARCHITECTURES", "attention_forward", "main", "register", "tiny_batch", "tiny_model"]
 
 _IMPLS = ("auto", "materialize", "blockwise", "native")
 
@@ -336,11 +336,12 @@ def register(name: str = "portattn", *, impl: Impl = "auto") -> str:
 # Tiny random models: the tests, the CLI and the docs page build the same ones.
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma2", "gpt2")
+_VOCAB = 128
 
 # Weights drawn five times wider than transformers' default (0.02), so that the
 # random heads attend unevenly and a wrong scale, mask or cap shows in the
 # logits; wider still, float32 rounding alone approaches 1e-5 in the logits.
-_SHARED = {"vocab_size": 128, "initializer_range": 0.1, "bos_token_id": 1, "eos_token_id": 2}
+_SHARED = {"vocab_size": _VOCAB, "initializer_range": 0.1, "bos_token_id": 1, "eos_token_id": 2}
 _DECODER = {
     **_SHARED,
     "max_position_embeddings": 128,
@@ -426,6 +427,52 @@ def tiny_model(arch: str, *, attn_implementation: str, seed: int = 0) -> Any:
             config, attn_implementation=attn_implementation, dtype=torch.float32
         )
     return model.eval()
+
+
+def tiny_batch(lengths: Sequence[int], /, *, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded random prompts for the tiny models, left-padded with token 0 to the longest.
+
+    Row ``i`` holds ``lengths[i]`` real tokens drawn from 3 to 127 (past the
+    pad, bos and eos ids 0, 1 and 2, inside :func:`tiny_model`'s vocabulary),
+    after as many 0s as it is shorter than the longest row.
+
+    Parameters
+    ----------
+    lengths : sequence of int
+        Real tokens per row, each at least 1.
+    seed : int, optional
+        Seeds the generator the tokens are drawn from; the default, 7, gives
+        the batch that the model tests and the docs' Hugging Face page run.
+
+    Returns
+    -------
+    input_ids, attention_mask : torch.Tensor
+        Both int64, of shape ``(len(lengths), max(lengths))``; the mask is 1
+        on real tokens and 0 on padding.
+
+    Examples
+    --------
+    >>> from portattn.integrations.transformers import tiny_batch
+    >>> ids, mask = tiny_batch((3, 1))
+    >>> mask.tolist()
+    [[1, 1, 1], [0, 0, 1]]
+    >>> bool((ids[mask == 0] == 0).all()), bool((ids[mask == 1] >= 3).all())
+    (True, True)
+    """
+    sizes = tuple(lengths)
+    if not sizes or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes
+    ):
+        msg = f"expected lengths to be a non-empty sequence of positive ints, got {lengths!r}"
+        raise ValueError(msg)
+    g = torch.Generator().manual_seed(seed)
+    width = max(sizes)
+    ids = torch.zeros(len(sizes), width, dtype=torch.long)
+    mask = torch.zeros(len(sizes), width, dtype=torch.long)
+    for row, n in enumerate(sizes):
+        ids[row, width - n :] = torch.randint(3, _VOCAB, (n,), generator=g)
+        mask[row, width - n :] = 1
+    return ids, mask
 
 
 def main(argv: Sequence[str] | None = None) -> int:
