@@ -1,4 +1,4 @@
-/* The chapter's interactive heatmap. Plain JavaScript, no dependencies.
+/* The chapter's interactive heatmap. Plain JavaScript on docs/assets/widgets.js alone.
  *
  * The numbers come from portattn at build time (docs/_gen/sitegen/widget.py
  * writes them as JSON next to the widget); this script only draws them, lets
@@ -8,21 +8,8 @@
 (function () {
   "use strict";
 
-  function el(tag, attrs, text) {
-    var node = document.createElement(tag);
-    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
-
-  function colour(map, w) {
-    var fill = map[Math.min(map.length - 1, Math.max(0, Math.round(w * (map.length - 1))))];
-    var r = parseInt(fill.slice(1, 3), 16) / 255;
-    var g = parseInt(fill.slice(3, 5), 16) / 255;
-    var b = parseInt(fill.slice(5, 7), 16) / 255;
-    var luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b;
-    return { fill: fill, ink: luminance > 0.45 ? "#000000" : "#ffffff" };
-  }
+  var el = window.portattnWidgets.el;  // docs/assets/widgets.js
+  var colour = window.portattnWidgets.colour;
 
   function fill(template, values) {
     return template.replace(/\{(\w+)\}/g, function (_, k) { return values[k]; });

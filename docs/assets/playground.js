@@ -1,4 +1,4 @@
-/* The √d playground. Plain JavaScript, no dependencies.
+/* The √d playground. Plain JavaScript on docs/assets/widgets.js alone.
  *
  * Every number comes from portattn at build time
  * (docs/_gen/sitegen/playground.py writes the grid as JSON next to the
@@ -9,26 +9,14 @@
 
   var SVGNS = "http://www.w3.org/2000/svg";
 
-  function el(tag, attrs, text) {
-    var node = document.createElement(tag);
-    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
+  var el = window.portattnWidgets.el;  // docs/assets/widgets.js
+  var colour = window.portattnWidgets.colour;
 
   function svg(tag, attrs, text) {
     var node = document.createElementNS(SVGNS, tag);
     Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
     if (text !== undefined) node.textContent = text;
     return node;
-  }
-
-  function colour(map, w) {
-    var fill = map[Math.min(map.length - 1, Math.max(0, Math.round(w * (map.length - 1))))];
-    var r = parseInt(fill.slice(1, 3), 16) / 255;
-    var g = parseInt(fill.slice(3, 5), 16) / 255;
-    var b = parseInt(fill.slice(5, 7), 16) / 255;
-    return { fill: fill, ink: 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.45 ? "#000000" : "#ffffff" };
   }
 
   var uid = 0;
