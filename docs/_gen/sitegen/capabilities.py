@@ -220,6 +220,10 @@ def _run_cell(fn: Callable[[str], str], impl: str) -> Cell:
             return Cell("yes", fn(impl))
     except NotImplementedError as exc:
         return Cell("refused", _first_clause(str(exc)))
+    except ModuleNotFoundError:
+        # A library missing from the docs environment is a broken build, not a
+        # finding about portattn: pyproject's docs group installs every one.
+        raise
     except Exception as exc:  # a failing cell is the finding; it is shown, not raised
         return Cell("no", f"{type(exc).__name__}: {_first_clause(str(exc))}")
 
