@@ -100,6 +100,8 @@ def _torch_compile(backend: str) -> Callable[[str], str]:
         torch._dynamo.reset()
         counters.clear()
         _torch_check(impl, lambda f: torch.compile(f, fullgraph=True, backend=counting))
+        if not graphs:  # the call ran, but not through the backend: nothing was compiled
+            raise AssertionError("dynamo handed the backend no graph")
         breaks = sum(counters["graph_break"].values())
         return f"{len(graphs)} graph, {breaks} breaks"
 
