@@ -222,9 +222,10 @@ def solve(
     sizes = None if block_size is None else check_int_pair("block_size", block_size, minimum=1)
     want_lse = check_flag("return_lse", return_lse)
     lse: Array | None
-    if impl == "auto" and not is_dask_namespace(xp):
+    lazy = is_dask_namespace(xp)
+    if impl == "auto" and not lazy:
         impl = _auto(p, want_lse=want_lse, xp=xp)
-    if is_dask_namespace(xp):
+    if lazy:
         from ._dask import dask_attention  # dask is optional: imported for dask arrays only
 
         out, lse = dask_attention(p, impl=impl, block_size=sizes, return_lse=want_lse)

@@ -8,26 +8,32 @@ from __future__ import annotations
 
 from ._lib._typing import Array, Namespace
 from ._problem import Problem, empty_result, expand
-from ._softmax import lse_from, masked_softmax
+from ._softmax import lse_from, masked_exp, masked_softmax, nonzero
 
 __all__ = ["materialize_attention", "materialize_weights"]
 
 
-def _weights(p: Problem, *, xp: Namespace) -> tuple[Array, Array, Array]:
-    """``(weights, row max, row sum)`` over all keys, in the compute dtype."""
-    scores = p.scores(p.q, xp.matrix_transpose(p.k), 0, p.lq, 0, p.lk, xp=xp)  # (..., Lq, Lk)
-    allowed = p.allowed(0, p.lq, 0, p.lk, xp=xp)
-    return masked_softmax(scores, allowed, xp=xp, may_hide=p.bias is not None)
+def _scores(p: Problem, *, xp: Namespace) -> tuple[Array, Array | None, bool]:
+    """All the scores (..., Lq, Lk), what hides pairs (or None), and whether -inf may occur."""
+    scores = p.scores(p.q, xp.matrix_transpose(p.k), 0, p.lq, 0, p.lk, xp=xp)
+    return scores, p.allowed(0, p.lq, 0, p.lk, xp=xp), p.bias is not None
 
 
 def materialize_attention(
     p: Problem, *, want_lse: bool, xp: Namespace
 ) -> tuple[Array, Array | None]:
-    """Output (..., Lq, dv), and the log-sum-exp (..., Lq) when asked for."""
+    """Output (..., Lq, dv), and the log-sum-exp (..., Lq) when asked for.
+
+    The weighted values are normalised rather than the weights: (Lq, dv)
+    divisions instead of (Lq, Lk).
+    """
     if p.lk == 0:
         return empty_result(p, xp=xp)
-    weights, row_max, total = _weights(p, xp=xp)
-    out = expand(weights @ p.v, (*p.batch, p.lq, p.dv), xp=xp)  # (..., Lq, dv)
+    scores, allowed, may_hide = _scores(p, xp=xp)
+    e, row_max, total = masked_exp(scores, allowed, xp=xp, may_hide=may_hide)
+    hides = may_hide or allowed is not None
+    out = (e @ p.v) / (nonzero(total, xp=xp) if hides else total)  # (..., Lq, dv)
+    out = expand(out, (*p.batch, p.lq, p.dv), xp=xp)
     if not want_lse:
         return out, None
     return out, expand(lse_from(row_max, total, xp=xp), (*p.batch, p.lq), xp=xp)  # (..., Lq)
@@ -37,5 +43,6 @@ def materialize_weights(p: Problem, *, xp: Namespace) -> Array:
     """The weights (..., Lq, Lk) in the compute dtype."""
     if p.lk == 0:
         return xp.zeros((*p.batch, p.lq, 0), dtype=p.q.dtype, device=p.device)
-    w, _, _ = _weights(p, xp=xp)
+    scores, allowed, may_hide = _scores(p, xp=xp)
+    w, _, _ = masked_softmax(scores, allowed, xp=xp, may_hide=may_hide)
     return expand(w, (*p.batch, p.lq, p.lk), xp=xp)

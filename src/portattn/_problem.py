@@ -152,33 +152,6 @@ def _structure(lq: int, lk: int, causal: bool | str, window: tuple[int, int] | N
     return s
 
 
-def _check_known_shape(name: str, x: Array) -> None:
-    """Refuse dimensions whose size is unknown when the call is made.
-
-    Blocks, masks and broadcasting are planned from the sizes, so every size
-    must be a number: a dask array after boolean indexing has NaN sizes, an
-    ndonnx argument declared with a symbolic dimension has ``None``. Sizes
-    are only compared, never read with ``int()`` (which would specialise
-    symbolic sizes).
-    """
-    shape = tuple(x.shape)
-    if not any(n is None or (isinstance(n, float) and math.isnan(n)) for n in shape):
-        return
-    if any(n is not None for n in shape if isinstance(n, float)):
-        msg = (
-            f"expected {name} to have known chunk sizes, got shape {shape}: a dask array "
-            "whose chunk sizes are unknown (after boolean indexing, say); call "
-            f"{name}.compute_chunk_sizes() first"
-        )
-    else:
-        msg = (
-            f"expected {name} to have a static shape, got shape {shape}: portattn plans "
-            "its blocks and masks from the sizes, so every dimension must be known when "
-            "it is called (export with static shapes, e.g. ndonnx.argument(shape=(2, 16, 8)))"
-        )
-    raise ValueError(msg)
-
-
 def _check_lengths(name: str, x: Array | None, *, xp: Namespace) -> None:
     if x is not None and not has_kind(x.dtype, "integral", xp=xp):
         msg = f"expected {name} to be an integer array of valid lengths, got {dtype_name(x.dtype)}"
@@ -208,43 +181,37 @@ def prepare(
     causal = normalize_causal(causal)
     window = normalize_window(window)
     cap = None if softcap is None else _check_softcap(softcap)
-    check_array("query", query)
-    check_array("key", key)
-    for name, x in (
-        ("value", value),
-        ("mask", mask),
-        ("bias", bias),
-        ("key_lengths", key_lengths),
-        ("query_lengths", query_lengths),
-    ):
-        if x is not None:
-            check_array(name, x)
-    arrays = (("query", query), ("key", key), ("value", value))
+    # Each check runs over the arrays present, in one fixed order, so the
+    # first problem found is the one reported. A small call is dominated by
+    # this bookkeeping, so nothing is looked at twice.
+    arrays = [("query", query), ("key", key)]
+    if value is not None:
+        arrays.append(("value", value))
+    options = [
+        (name, x)
+        for name, x in (
+            ("mask", mask),
+            ("bias", bias),
+            ("key_lengths", key_lengths),
+            ("query_lengths", query_lengths),
+        )
+        if x is not None
+    ]
+    present = arrays + options
+    for name, x in present:
+        check_array(name, x)
     for name, x in arrays:
-        if x is not None:
-            check_floating(name, x, xp=xp)
+        check_floating(name, x, xp=xp)
     for name, x in arrays:
-        if x is not None:
-            check_rank(name, x, 2, "(..., length, features)")
-    for name, x in (*arrays, ("mask", mask), ("bias", bias)):
+        check_rank(name, x, 2, "(..., length, features)")
+    for name, x in present:
         check_known_shape(name, x)  # before any size is read
-    check_known_shape("key_lengths", key_lengths)
-    check_known_shape("query_lengths", query_lengths)
     if mask is not None:
         check_bool("mask", mask, xp=xp)
     if bias is not None:
         check_floating("bias", bias, xp=xp)
     _check_lengths("key_lengths", key_lengths, xp=xp)
     _check_lengths("query_lengths", query_lengths, xp=xp)
-    for name, x in (
-        *arrays,
-        ("mask", mask),
-        ("bias", bias),
-        ("key_lengths", key_lengths),
-        ("query_lengths", query_lengths),
-    ):
-        if x is not None:
-            _check_known_shape(name, x)
 
     # Sizes as the library gives them: int() would force a sync or a
     # specialisation on libraries whose sizes are symbolic.
@@ -263,21 +230,7 @@ def prepare(
         )
         raise ValueError(msg)
 
-    dev = check_same_device(
-        [
-            (name, x)
-            for name, x in (
-                ("query", query),
-                ("key", key),
-                ("value", value),
-                ("mask", mask),
-                ("bias", bias),
-                ("key_lengths", key_lengths),
-                ("query_lengths", query_lengths),
-            )
-            if x is not None
-        ]
-    )
+    dev = check_same_device(present)
 
     batch = tuple(query.shape[:-2])
     if tuple(key.shape[:-2]) != batch or (value is not None and tuple(value.shape[:-2]) != batch):
@@ -308,9 +261,10 @@ def prepare(
     else:  # d == 0: every score is an empty sum, 0, whatever the scale
         scale_value = 1.0 / math.sqrt(d) if d > 0 else 1.0
 
-    dtypes = [x.dtype for _, x in arrays if x is not None]
-    same = all(dt == dtypes[0] for dt in dtypes[1:])
-    out_dtype = dtypes[0] if same else xp.result_type(*dtypes)
+    dtypes = [x.dtype for _, x in arrays]
+    out_dtype = dtypes[0]
+    if any(dt != out_dtype for dt in dtypes):
+        out_dtype = xp.result_type(*dtypes)
     work = compute_dtype(out_dtype, xp=xp)
     q = _as(query, work, xp=xp) * scale_value  # a Python scalar keeps q's dtype
     k = _as(key, work, xp=xp)

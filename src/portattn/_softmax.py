@@ -10,7 +10,7 @@ from ._lib._compat import array_namespace
 from ._lib._precision import compute_dtype, narrow
 from ._lib._typing import Array, Namespace
 
-__all__ = ["exp_floor", "lse_from", "masked_softmax", "safe_exp", "softmax"]
+__all__ = ["exp_floor", "lse_from", "masked_exp", "masked_softmax", "nonzero", "safe_exp", "softmax"]
 
 
 def exp_floor(dtype: object, *, xp: Namespace) -> float:
@@ -21,10 +21,17 @@ def exp_floor(dtype: object, *, xp: Namespace) -> float:
     times smaller than the smallest normal number, far below any precision
     the result can hold; the margin keeps ``e / sum`` normal as well.
     """
-    return _FLOORS[xp.finfo(dtype).bits]
+    key = (type(dtype), dtype)
+    floor = _FLOOR_BY_DTYPE.get(key)
+    if floor is None:
+        floor = _FLOOR_BY_DTYPE[key] = _FLOORS[xp.finfo(dtype).bits]
+    return floor
 
 
 # Compute dtypes are float32 and float64 only (see _lib._precision).
+# Keyed by the dtype's class as well (see _lib._checks.has_kind): finfo costs a
+# microsecond, and small calls ask once per call.
+_FLOOR_BY_DTYPE: dict[tuple[type, object], float] = {}
 _FLOORS = {bits: math.log(tiny) + 30.0 for bits, tiny in ((32, 2.0**-126), (64, 2.0**-1022))}
 
 
@@ -33,16 +40,17 @@ def safe_exp(z: Array, floor: float, *, xp: Namespace) -> Array:
     return xp.exp(xp.where(z < floor, -math.inf, z))
 
 
-def masked_softmax(
+def masked_exp(
     scores: Array, allowed: Array | None, *, xp: Namespace, may_hide: bool = True
 ) -> tuple[Array, Array, Array]:
-    """Softmax over the last axis of ``scores`` where ``allowed``; returns ``(weights, max, sum)``.
+    """The unnormalised softmax over the last axis where ``allowed``: ``(exp(s - max), max, sum)``.
 
-    Hidden entries become ``-inf`` before the row max is taken. A row with
-    nothing visible keeps max ``-inf`` internally, is shifted by 0 instead (so
-    ``-inf - -inf`` never happens), sums to 0, and comes out as zeros.
-    ``max`` and ``sum`` are returned (keepdims) so callers can form the
-    log-sum-exp. No floating-point flag is raised, underflow included.
+    Hidden entries become ``-inf`` before the row max is taken and get an
+    exact 0. A row with nothing visible keeps max ``-inf``, is shifted by 0
+    instead (so ``-inf - -inf`` never happens) and sums to 0. ``max`` and
+    ``sum`` keep their last axis, so callers can form the log-sum-exp or
+    normalise whatever is cheaper: the weights, or the weighted values. No
+    floating-point flag is raised, underflow included.
 
     ``may_hide=False`` promises that no entry is ``-inf`` (no mask, no bias),
     so no row can be empty and those guards are skipped: small calls are
@@ -52,15 +60,35 @@ def masked_softmax(
     if allowed is not None:
         scores = xp.where(allowed, scores, -math.inf)
     row_max = xp.max(scores, axis=-1, keepdims=True)
-    shift = row_max
-    if may_hide or allowed is not None:
+    floor = exp_floor(scores.dtype, xp=xp)
+    if not may_hide and allowed is None:
+        # Nothing is -inf, so no row is empty; raising exponents below the
+        # floor to the floor turns weights under 1e-25 (float32) into weights
+        # under 1e-25: one cheap pass instead of a compare and a where.
+        e = xp.exp(xp.maximum(scores - row_max, floor))
+    else:
         shift = xp.where(xp.isinf(row_max), 0.0, row_max)
-    e = safe_exp(scores - shift, exp_floor(scores.dtype, xp=xp), xp=xp)
-    total = xp.sum(e, axis=-1, keepdims=True)
-    if may_hide or allowed is not None:
-        total_safe = xp.where(total > 0, total, 1.0)
-        return e / total_safe, row_max, total
-    return e / total, row_max, total
+        e = safe_exp(scores - shift, floor, xp=xp)
+    return e, row_max, xp.sum(e, axis=-1, keepdims=True)
+
+
+def nonzero(total: Array, *, xp: Namespace) -> Array:
+    """``total`` with zeros (rows that saw nothing) replaced by 1, to divide by."""
+    return xp.where(total > 0, total, 1.0)
+
+
+def masked_softmax(
+    scores: Array, allowed: Array | None, *, xp: Namespace, may_hide: bool = True
+) -> tuple[Array, Array, Array]:
+    """Softmax over the last axis of ``scores`` where ``allowed``; returns ``(weights, max, sum)``.
+
+    As :func:`masked_exp`, normalised: a row with nothing visible comes out
+    as zeros, never NaN.
+    """
+    e, row_max, total = masked_exp(scores, allowed, xp=xp, may_hide=may_hide)
+    if not may_hide and allowed is None:
+        return e / total, row_max, total
+    return e / nonzero(total, xp=xp), row_max, total
 
 
 def lse_from(row_max: Array, total: Array, *, xp: Namespace) -> Array:

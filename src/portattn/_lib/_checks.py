@@ -56,6 +56,11 @@ def has_kind(dtype: DType, kind: str, *, xp: Namespace) -> bool:
     return hit
 
 
+# (dtype class, dtype) pairs already accepted by check_floating: a repeat call
+# costs one set lookup (small calls are dominated by such bookkeeping).
+_FLOATING_OK: set[tuple[type, object]] = set()
+
+
 def check_floating(name: str, x: Array, *, xp: Namespace) -> None:
     """Raise TypeError unless ``x`` has a real floating dtype of at most 64 bits.
 
@@ -63,6 +68,9 @@ def check_floating(name: str, x: Array, *, xp: Namespace) -> None:
     rather than silently computed in float32 and relabelled: portattn
     computes in float32 or float64 only.
     """
+    key = (type(x.dtype), x.dtype)
+    if key in _FLOATING_OK:
+        return
     if not has_kind(x.dtype, "real floating", xp=xp):
         msg = f"expected {name} to have a real floating dtype, got {dtype_name(x.dtype)}"
         if has_kind(x.dtype, "bool", xp=xp) and name == "bias":
@@ -75,6 +83,7 @@ def check_floating(name: str, x: Array, *, xp: Namespace) -> None:
             f"float64 only; cast to float64 first"
         )
         raise TypeError(msg)
+    _FLOATING_OK.add(key)
 
 
 _WIDE_CACHE: dict[tuple[type, object], bool] = {}
@@ -88,12 +97,19 @@ def _wider_than_float64(dtype: DType, *, xp: Namespace) -> bool:
     return hit
 
 
+# Array types already accepted by check_array (whether an object is an array
+# depends on its type only).
+_ARRAY_TYPES: set[type] = set()
+
+
 def check_array(name: str, x: object) -> None:
     """Raise TypeError unless ``x`` is an array that portattn can read as it is.
 
     ``None`` and non-arrays are named; ``numpy.ma.MaskedArray`` is refused,
     because its mask would silently be ignored by every array operation.
     """
+    if type(x) in _ARRAY_TYPES:
+        return
     if x is None or not is_array_api_obj(x):
         msg = f"expected {name} to be an array, got {shown(x)}"
         raise TypeError(msg)
@@ -104,6 +120,7 @@ def check_array(name: str, x: object) -> None:
             "or key_lengths="
         )
         raise TypeError(msg)
+    _ARRAY_TYPES.add(type(x))
 
 
 def check_bool(name: str, x: Array, *, xp: Namespace) -> None:
@@ -118,13 +135,34 @@ def check_bool(name: str, x: Array, *, xp: Namespace) -> None:
 
 
 def check_known_shape(name: str, x: Array | None) -> None:
-    """Raise ValueError if ``x``'s shape has unknown (NaN) sizes: dask after boolean indexing."""
-    if x is None or not any(isinstance(n, float) and math.isnan(n) for n in x.shape):
+    """Raise ValueError unless every size of ``x`` is known when the call is made.
+
+    Blocks, masks and broadcasting are planned from the sizes, so every size
+    must be a number: a dask array after boolean indexing has NaN sizes, an
+    ndonnx argument declared with a symbolic dimension has ``None``. Sizes
+    are only compared, never read with ``int()`` (which would specialise
+    symbolic sizes such as torch's ``SymInt``).
+    """
+    if x is None:
         return
-    msg = (
-        f"expected {name} to have known sizes, got shape {tuple(x.shape)} with unknown (nan) "
-        f"sizes; call {name}.compute_chunk_sizes() first"
-    )
+    shape = tuple(x.shape)
+    for n in shape:
+        if n is None or (isinstance(n, float) and math.isnan(n)):
+            break
+    else:
+        return
+    if any(isinstance(n, float) for n in shape):
+        msg = (
+            f"expected {name} to have known chunk sizes, got shape {shape}: a dask array "
+            "whose chunk sizes are unknown (after boolean indexing, say); call "
+            f"{name}.compute_chunk_sizes() first"
+        )
+    else:
+        msg = (
+            f"expected {name} to have a static shape, got shape {shape}: portattn plans "
+            "its blocks and masks from the sizes, so every dimension must be known when "
+            "it is called (export with static shapes, e.g. ndonnx.argument(shape=(2, 16, 8)))"
+        )
     raise ValueError(msg)
 
 
@@ -144,16 +182,13 @@ def check_same_device(named: Sequence[tuple[str, Array | None]]) -> Device:
     A device of ``None`` (a JAX tracer has none) matches any device; the
     result is the first device that is not ``None``, or ``None``.
     """
-    first_name, first_dev = "", None
-    for name, x in named:
-        if x is None:
-            continue
-        dev = device_of(x)
-        if dev is None:
-            continue
-        if first_name == "":
-            first_name, first_dev = name, dev
-        elif dev != first_dev:
+    devices = [(name, device_of(x)) for name, x in named if x is not None]
+    known = [(name, dev) for name, dev in devices if dev is not None]
+    if not known:
+        return None
+    first_name, first_dev = known[0]
+    for name, dev in known[1:]:
+        if dev is not first_dev and dev != first_dev:
             msg = (
                 "Input arrays use different devices: expected all on the device of "
                 f"{first_name} ({first_dev}), got {name} on {dev}"

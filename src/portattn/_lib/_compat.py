@@ -129,10 +129,15 @@ def namespace_library(xp: ModuleType) -> str:
     One of ``"numpy"``, ``"torch"``, ``"jax"``, ``"cupy"``, ``"dask"``,
     ``"array_api_strict"``, or ``"other"``.
     """
-    for name, test in _DETECTORS:
-        if test(xp):
-            return name
-    return "other"
+    hit = _LIBRARY_BY_NAMESPACE.get(xp)
+    if hit is None:
+        hit = next((name for name, test in _DETECTORS if test(xp)), "other")
+        _LIBRARY_BY_NAMESPACE[xp] = hit
+    return hit
+
+
+# Namespaces are modules, few and long-lived: every call asks, so memoise.
+_LIBRARY_BY_NAMESPACE: dict[ModuleType, str] = {}
 
 
 _DETECTORS = (
