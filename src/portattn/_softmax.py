@@ -10,7 +10,15 @@ from ._lib._compat import array_namespace
 from ._lib._precision import compute_dtype, narrow
 from ._lib._typing import Array, Namespace
 
-__all__ = ["exp_floor", "lse_from", "masked_exp", "masked_softmax", "nonzero", "safe_exp", "softmax"]
+__all__ = [
+    "exp_floor",
+    "lse_from",
+    "masked_exp",
+    "masked_softmax",
+    "nonzero",
+    "safe_exp",
+    "softmax",
+]
 
 
 def exp_floor(dtype: object, *, xp: Namespace) -> float:
