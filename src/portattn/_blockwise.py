@@ -25,6 +25,7 @@ import numpy as np
 
 from ._lib._checks import check_int_pair
 from ._lib._compat import (
+    device_of,
     is_concrete,
     is_dask_namespace,
     is_numpy_namespace,
@@ -38,16 +39,19 @@ from ._softmax import exp_floor, lse_from, safe_exp
 
 __all__ = ["block_sizes", "blockwise_attention"]
 
-# Per library: (key block, elements per score tile). The query block is
-# chosen so that one (batch..., bq, bk) score tile holds about that many
-# elements. Measured on a 2-core AMD EPYC (AVX2), B=1, H=8, d=64, float32,
-# N=2048 (benchmarks/run.py records the run): torch is fastest with tiles of
-# at most 2 MiB, because larger ones fall out of glibc's heap and every tile
-# then pays ~1000 page faults for fresh memory (31k faults per call at 4 MiB
-# tiles, 0.5k at 2 MiB); NumPy allocates large arrays on huge pages and
-# prefers 4 MiB tiles, which halve the Python overhead per FLOP.
-_DEFAULTS = {"torch": (512, 1 << 19), "numpy": (1024, 1 << 20)}
-_FALLBACK = (512, 1 << 19)
+# Per library: (key block, elements per score tile, row sums in the matmul).
+# The query block is chosen so that one (batch..., bq, bk) score tile holds
+# about that many elements. Measured on a 2-core AMD EPYC (AVX2), B=1, H=8,
+# d=64, float32, N=2048 (benchmarks/run.py records the run): torch is fastest
+# with tiles of at most 2 MiB, because larger ones fall out of glibc's heap
+# and every tile then pays ~1000 page faults for fresh memory (31k faults per
+# call at 4 MiB tiles, 0.5k at 2 MiB); NumPy allocates large arrays on huge
+# pages and prefers 4 MiB tiles, which halve the Python overhead per FLOP.
+# NumPy's row sum is a single-threaded pass over the tile that costs more
+# than widening the value matmul by one column of ones (see _sum_in_matmul);
+# torch's sum is multi-threaded and cheaper than the wider matmul.
+_DEFAULTS = {"torch": (512, 1 << 19, False), "numpy": (1024, 1 << 20, True)}
+_FALLBACK = (512, 1 << 19, False)
 _QUERY_BLOCK_RANGE = (16, 1024)
 
 # Under a trace (jax.jit, torch.compile, an ndonnx export) the Python loop
@@ -67,7 +71,7 @@ def block_sizes(
 ) -> tuple[int, int]:
     """Resolve ``block_size=`` to ``(query_block, key_block)``, with a tuned default per library."""
     if block_size is None:
-        bk, tile = _DEFAULTS.get(namespace_library(xp), _FALLBACK)
+        bk, tile, _ = _DEFAULTS.get(namespace_library(xp), _FALLBACK)
         lo, hi = _QUERY_BLOCK_RANGE
         bq = max(lo, min(hi, tile // (bk * max(1, math.prod(batch)))))
         return 1 << (bq.bit_length() - 1), bk  # a power of two: BLAS-friendly
@@ -85,9 +89,10 @@ def blockwise_attention(
     if not concrete and not is_dask_namespace(xp):
         bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk)
     k_t = xp.matrix_transpose(p.k)  # (..., d, Lk)
+    v = _with_ones_column(p.v, xp=xp) if _sum_in_matmul(p, xp=xp) else p.v
     floor = None if _exp_cannot_underflow(p, xp=xp) else exp_floor(p.q.dtype, xp=xp)
     if p.lq <= bq:
-        out, lse = _query_block(p, 0, p.lq, k_t, bk, floor=floor, xp=xp)
+        out, lse = _query_block(p, 0, p.lq, k_t, v, bk, floor=floor, xp=xp)
         return expand(out, (*p.batch, p.lq, p.dv), xp=xp), expand(lse, (*p.batch, p.lq), xp=xp)
     # Each block is written into place, which also broadcasts it to the full
     # batch shape (a mask or lengths may carry batch axes the inputs lack).
@@ -102,7 +107,7 @@ def blockwise_attention(
     starts = range(0, p.lq, bq)
 
     def one(q0: int) -> tuple[Array, Array]:
-        return _query_block(p, q0, min(q0 + bq, p.lq), k_t, bk, floor=floor, xp=xp)
+        return _query_block(p, q0, min(q0 + bq, p.lq), k_t, v, bk, floor=floor, xp=xp)
 
     # NumPy only: eager, no autograd, and its ufuncs run on one core (_lib._threads).
     workers = 1
@@ -122,6 +127,22 @@ def blockwise_attention(
     if not in_place:
         return xp.concat(outs, axis=-2), xp.concat(lses, axis=-1)
     return out, lse
+
+
+def _sum_in_matmul(p: Problem, *, xp: Namespace) -> bool:
+    """Whether each row's sum of weights rides in the value matmul as a column of ones.
+
+    Per library (``_DEFAULTS``), and only for eager arrays with no autograd
+    (NumPy's, dask's NumPy chunks): the widened values are a new array that
+    a gradient would have to flow through.
+    """
+    return _DEFAULTS.get(namespace_library(xp), _FALLBACK)[2] and is_concrete(p.v)
+
+
+def _with_ones_column(v: Array, *, xp: Namespace) -> Array:
+    """``v`` (..., Lk, dv) with a column of ones appended: (..., Lk, dv + 1)."""
+    ones = xp.ones((*v.shape[:-1], 1), dtype=v.dtype, device=device_of(v))
+    return xp.concat([v, ones], axis=-1)
 
 
 def traced_block_sizes(bq: int, bk: int, lq: int, lk: int) -> tuple[int, int]:
@@ -178,20 +199,28 @@ def _query_block(
     q0: int,
     q1: int,
     k_t: Array,
+    v: Array,
     bk: int,
     *,
     floor: float | None,
     xp: Namespace,
 ) -> tuple[Array, Array]:
-    """Online softmax over the key blocks that ``[q0, q1)`` may see."""
+    """Online softmax over the key blocks that ``[q0, q1)`` may see.
+
+    ``v`` is the values, or (:func:`_sum_in_matmul`) the values with a
+    column of ones appended, whose product column then carries each row's
+    sum of weights through the same matmul and the same rescaling.
+    ``floor is None`` means the scores are proven finite and their spread
+    within a row small (:func:`_exp_cannot_underflow`): ``exp`` then needs no
+    clamp anywhere, and a tile that hides nothing has a finite row max.
+    """
     qb = p.q[..., q0:q1, :]  # (..., bq, d)
     lo, hi = p.structure.key_range(q0, q1)
     if hi <= lo:  # positions hide every key from this query block
         out = xp.zeros((*p.batch, q1 - q0, p.dv), dtype=p.q.dtype, device=p.device)
         lse = xp.full((*p.batch, q1 - q0), -xp.inf, dtype=p.q.dtype, device=p.device)
         return out, lse
-    neg_inf = xp.asarray(-xp.inf, dtype=p.q.dtype, device=p.device)
-    zero = xp.asarray(0.0, dtype=p.q.dtype, device=p.device)
+    ones_column = v.shape[-1] > p.dv
     m = total = acc = None
     # The row max may be subtracted in place on real, writeable tiles that
     # autograd has not saved (checked per tile: s.requires_grad).
@@ -201,12 +230,14 @@ def _query_block(
         s = p.scores(qb, k_t[..., k0:k1], q0, q1, k0, k1, xp=xp)  # (..., bq, bk)
         allowed = p.allowed(q0, q1, k0, k1, xp=xp)
         if allowed is not None:
-            s = xp.where(allowed, s, neg_inf)
+            s = xp.where(allowed, s, -math.inf)
         tile_max = xp.max(s, axis=-1, keepdims=True)  # (..., bq, 1)
         m_new = tile_max if m is None else xp.maximum(m, tile_max)
-        # A row that has seen nothing yet keeps m = -inf; shift it by 0 so
-        # that -inf - -inf never happens (its exp terms are all exactly 0).
-        shift = xp.where(m_new == neg_inf, zero, m_new)
+        shift = m_new
+        if floor is not None or allowed is not None:
+            # A row that has seen nothing yet keeps m = -inf; shift it by 0 so
+            # that -inf - -inf never happens (its exp terms are all exactly 0).
+            shift = xp.where(xp.isinf(m_new), 0.0, m_new)
         # In place only on a tile autograd cannot have saved (it may keep s
         # for the row max's gradient): NumPy's, or a tensor needing no grad.
         if mutable and not getattr(s, "requires_grad", False):
@@ -216,18 +247,23 @@ def _query_block(
         # exp may only see values it can take without an underflow flag
         # (see _softmax.exp_floor); floor is None when a bound proves it.
         e = xp.exp(s) if floor is None else safe_exp(s, floor, xp=xp)
-        v_blk = p.v[..., k0:k1, :]  # (..., bk, dv)
+        ev = e @ v[..., k0:k1, :]  # (..., bq, dv[+1])
         if m is None:
-            total = xp.sum(e, axis=-1, keepdims=True)  # (..., bq, 1)
-            acc = e @ v_blk  # (..., bq, dv)
+            acc = ev
+            if not ones_column:
+                total = xp.sum(e, axis=-1, keepdims=True)  # (..., bq, 1)
         else:
             # rescales what earlier key blocks contributed; (..., bq, 1), so cheap
-            alpha = safe_exp(m - shift, exp_floor(p.q.dtype, xp=xp), xp=xp)
-            total = total * alpha + xp.sum(e, axis=-1, keepdims=True)
-            acc = acc * alpha + e @ v_blk
+            diff = m - shift
+            alpha = xp.exp(diff) if floor is None else safe_exp(diff, floor, xp=xp)
+            acc = acc * alpha + ev
+            if not ones_column:
+                total = total * alpha + xp.sum(e, axis=-1, keepdims=True)
         m = m_new
     assert m is not None
-    assert total is not None
     assert acc is not None
-    out = acc / xp.where(total > 0, total, xp.ones_like(total))
+    if ones_column:
+        acc, total = acc[..., : p.dv], acc[..., p.dv :]
+    assert total is not None
+    out = acc / xp.where(total > 0, total, 1.0)
     return out, lse_from(m, total, xp=xp)

@@ -58,7 +58,9 @@ def has_kind(dtype: DType, kind: str, *, xp: Namespace) -> bool:
 
 # (dtype class, dtype) pairs already accepted by check_floating: a repeat call
 # costs one set lookup (small calls are dominated by such bookkeeping).
-_FLOATING_OK: set[tuple[type, object]] = set()
+# A dict, not a set: torch.compile guards dict lookups (has_kind's cache too)
+# but fails on a set that grows inside the frame it traces.
+_FLOATING_OK: dict[tuple[type, object], bool] = {}
 
 
 def check_floating(name: str, x: Array, *, xp: Namespace) -> None:
@@ -69,7 +71,7 @@ def check_floating(name: str, x: Array, *, xp: Namespace) -> None:
     computes in float32 or float64 only.
     """
     key = (type(x.dtype), x.dtype)
-    if key in _FLOATING_OK:
+    if _FLOATING_OK.get(key):
         return
     if not has_kind(x.dtype, "real floating", xp=xp):
         msg = f"expected {name} to have a real floating dtype, got {dtype_name(x.dtype)}"
@@ -83,7 +85,7 @@ def check_floating(name: str, x: Array, *, xp: Namespace) -> None:
             f"float64 only; cast to float64 first"
         )
         raise TypeError(msg)
-    _FLOATING_OK.add(key)
+    _FLOATING_OK[key] = True
 
 
 _WIDE_CACHE: dict[tuple[type, object], bool] = {}
@@ -99,7 +101,7 @@ def _wider_than_float64(dtype: DType, *, xp: Namespace) -> bool:
 
 # Array types already accepted by check_array (whether an object is an array
 # depends on its type only).
-_ARRAY_TYPES: set[type] = set()
+_ARRAY_TYPES: dict[type, bool] = {}
 
 
 def check_array(name: str, x: object) -> None:
@@ -108,7 +110,7 @@ def check_array(name: str, x: object) -> None:
     ``None`` and non-arrays are named; ``numpy.ma.MaskedArray`` is refused,
     because its mask would silently be ignored by every array operation.
     """
-    if type(x) in _ARRAY_TYPES:
+    if _ARRAY_TYPES.get(type(x)):
         return
     if x is None or not is_array_api_obj(x):
         msg = f"expected {name} to be an array, got {shown(x)}"
@@ -120,7 +122,7 @@ def check_array(name: str, x: object) -> None:
             "or key_lengths="
         )
         raise TypeError(msg)
-    _ARRAY_TYPES.add(type(x))
+    _ARRAY_TYPES[type(x)] = True
 
 
 def check_bool(name: str, x: Array, *, xp: Namespace) -> None:

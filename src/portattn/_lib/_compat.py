@@ -129,15 +129,18 @@ def namespace_library(xp: ModuleType) -> str:
     One of ``"numpy"``, ``"torch"``, ``"jax"``, ``"cupy"``, ``"dask"``,
     ``"array_api_strict"``, or ``"other"``.
     """
-    hit = _LIBRARY_BY_NAMESPACE.get(xp)
+    key = getattr(xp, "__name__", None)
+    hit = None if key is None else _LIBRARY_BY_NAMESPACE.get(key)
     if hit is None:
         hit = next((name for name, test in _DETECTORS if test(xp)), "other")
-        _LIBRARY_BY_NAMESPACE[xp] = hit
+        if key is not None:
+            _LIBRARY_BY_NAMESPACE[key] = hit
     return hit
 
 
-# Namespaces are modules, few and long-lived: every call asks, so memoise.
-_LIBRARY_BY_NAMESPACE: dict[ModuleType, str] = {}
+# Every call asks, so memoise by the namespace's module name (a module itself
+# as a dict key stops torch.compile's tracing: dynamo cannot compare modules).
+_LIBRARY_BY_NAMESPACE: dict[str, str] = {}
 
 
 _DETECTORS = (
