@@ -19,10 +19,11 @@ Record schema (``cpu.json``; the Performance page reads it, defensively):
   <impl>"``, ``"plain numpy"`` and ``"portattn numpy blockwise, no pool"``
   (``PORTATTN_NUM_THREADS=1``: the thread pool off);
 - ``threads``: ``{workers, rows: [{n, causal, pool_s, no_pool_s, speedup}]}``;
-- ``training`` (torch, forward + backward of ``out.sum()``): rows ``{subject,
-  n, causal, median_s, vs_sdpa, peak_bytes}``: ``median_s`` is the median over
-  rounds of each fresh process's best of two steps; ``peak_bytes`` is the growth of
-  the process's peak resident memory over the inputs, in a fresh process;
+- ``training`` (torch, forward + backward against a fixed cotangent): rows
+  ``{subject, n, causal, runs, median_s, vs_sdpa, peak_bytes, io_bytes,
+  peak_over_io, load}``: ``median_s`` is the median over rounds of each fresh
+  process's best of two steps; ``peak_bytes`` is the resident high-water mark
+  of one step above the inputs (see :func:`training`);
 - ``memory``: rows ``{subject, n, peak_bytes, inputs_plus_output_bytes,
   ratio}``;
 - ``chapter``: ``{shape, median_us, ratio_to_plain}``;
@@ -126,75 +127,81 @@ def subjects(
 POOL_ENV = "PORTATTN_NUM_THREADS"
 NO_POOL = "portattn numpy blockwise, no pool"
 TRAINING_SIZES = (2048, 8192)
+TRAINING_SUBJECTS = ("torch SDPA", "portattn torch blockwise", "portattn torch auto")
 
 _TRAINING_CHILD = """
-import resource, sys, time, torch, portattn as pa
-n, subject, causal = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+import statistics, sys, time
+import torch, portattn as pa
+n, subject, causal, steps = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
 torch.manual_seed(0)
-q, k, v = (torch.randn(1, 8, n, 64, requires_grad=True) for _ in range(3))
-def step():
+
+def inputs(m):
+    q, k, v = (torch.randn(1, 8, m, 64, requires_grad=True) for _ in range(3))
+    return q, k, v, torch.randn(1, 8, m, 64)
+
+def step(q, k, v, d_out):
     if subject == "torch SDPA":
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     else:
         out = pa.attention(q, k, v, causal=causal, impl=subject.split()[-1])
-    out.sum().backward()
-    for x in (q, k, v):
-        x.grad = None
-small = [x[..., :64, :].detach().requires_grad_() for x in (q, k, v)]
-pa.attention(*small, impl="blockwise").sum().backward()  # imports
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out.backward(d_out)
+    return out
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
+
+step(*inputs(256))  # imports, kernels, lazy initialisation
+q, k, v, d_out = inputs(n)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the resident high-water mark restarts from the current RSS
+base = status("VmRSS:")
 times = []
-for _ in range(int(sys.argv[4])):
+for i in range(steps):
+    q.grad = k.grad = v.grad = None
+    out = None
     t0 = time.perf_counter()
-    step()
+    out = step(q, k, v, d_out)
     times.append(time.perf_counter() - t0)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
-print(min(times), peak)  # the best step: the first one also pays for first-touch memory
+    if i == 0:
+        peak = status("VmHWM:") - base
+print(min(times), peak, 8 * q.nbytes)
 """
 
 
-def training(sizes: tuple[int, ...], rounds: int) -> dict[str, Any]:
-    """Forward + backward on torch, each subject in its own process (peak memory is per process).
+def training(sizes: tuple[int, ...], rounds: int, steps: int = 2) -> dict[str, Any]:
+    """Forward + backward of ``out`` against a fixed cotangent, torch CPU, float32.
 
-    Subjects alternate within each round so that load hits them alike.
+    Each (N, causal, subject) runs in a fresh process per round, and the
+    subjects alternate within a round so that load hits them alike. A
+    process times ``steps`` steps and keeps the best (the first also pays
+    for first-touch memory). Peak memory is the resident-set high-water mark
+    of the first step (``VmHWM``, reset through ``/proc/self/clear_refs``)
+    minus the resident set once the inputs and the cotangent exist: the
+    extra memory of one forward + backward, output and gradients included
+    (tracemalloc does not see torch's allocator). ``io_bytes`` is q, k, v,
+    out and their four gradients.
     """
-    import importlib.util
-
-    has_backward = importlib.util.find_spec("portattn._autodiff") is not None
-    subjects_ = ("torch SDPA", "portattn torch blockwise", "portattn torch auto")
     rows: list[dict[str, Any]] = []
-    skipped = []
     for n in sizes:
-        if n > 2048 and not has_backward:
-            skipped.append(
-                f"forward+backward at N={n}: blockwise has no O(N) backward on this commit "
-                "(autograd through the loop keeps every tile, several GiB here)"
-            )
-            continue
         for causal in (False, True):
-            got: dict[str, list[tuple[float, int]]] = {name: [] for name in subjects_}
+            got: dict[str, list[tuple[float, int, int]]] = {s: [] for s in TRAINING_SUBJECTS}
             for _ in range(rounds):
-                for name in subjects_:
+                for name in TRAINING_SUBJECTS:
+                    args = [str(n), name, str(int(causal)), str(steps)]
                     res = subprocess.run(
-                        [
-                            sys.executable,
-                            "-c",
-                            _TRAINING_CHILD,
-                            str(n),
-                            name,
-                            str(int(causal)),
-                            "2",  # steps per process
-                        ],
+                        [sys.executable, "-c", _TRAINING_CHILD, *args],
                         capture_output=True,
                         text=True,
                         check=True,
                     )
-                    t, peak = res.stdout.split()
-                    got[name].append((float(t), int(peak)))
-            sdpa = statistics.median(t for t, _ in got["torch SDPA"])
+                    t, peak, io = res.stdout.split()
+                    got[name].append((float(t), int(peak), int(io)))
+            sdpa = statistics.median(t for t, _, _ in got["torch SDPA"])
             for name, pts in got.items():
-                med = statistics.median(t for t, _ in pts)
-                peak = max(p for _, p in pts)
+                med = statistics.median(t for t, _, _ in pts)
+                peak = max(p for _, p, _ in pts)
+                io = pts[0][2]
                 rows.append(
                     {
                         "subject": name,
@@ -204,18 +211,16 @@ def training(sizes: tuple[int, ...], rounds: int) -> dict[str, Any]:
                         "median_s": med,
                         "vs_sdpa": sdpa / med,
                         "peak_bytes": peak,
+                        "io_bytes": io,
+                        "peak_over_io": peak / io,
                         "load": [round(x, 2) for x in os.getloadavg()],
                     }
                 )
                 print(
                     f"train N={n:5d} causal={causal!s:5} {name:28s} {med * 1e3:9.1f} ms "
-                    f"x{sdpa / med:.2f} peak {peak / 2**20:8.1f} MiB"
+                    f"x{sdpa / med:.2f} peak {peak / 2**20:8.1f} MiB = {peak / io:.2f}x io"
                 )
-    return {
-        "backward": "O(N) blockwise backward" if has_backward else "autograd through the loop",
-        "rows": rows,
-        "skipped": skipped,
-    }
+    return {"backward": "O(N) blockwise backward (FlashAttention-2)", "rows": rows}
 
 
 def threads_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -233,62 +238,167 @@ def threads_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"workers": pool_workers(1 << 10, 1 << 40), "rows": out}
 
 
-def _tile_passes(lib: str, qb: Any, kt: Any, vb: Any) -> dict[str, float]:
-    import torch
+def _tile_passes(lib: str, qb: Any, kt: Any, vb: Any, reps: int = 20) -> dict[str, float]:
+    """One tile's passes as ``_blockwise._query_block`` runs them on ``lib``, each timed alone.
 
-    mod: Any = torch if lib == "torch" else np
-    t = {}
-    t0 = time.perf_counter()
-    s = qb @ kt
-    t["scores matmul"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    m = s.max(-1, keepdims=True) if lib == "numpy" else s.amax(-1, keepdim=True)
-    t["row max"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    s -= m
-    t["subtract (in place)"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    e = mod.exp(s)
-    t["exp"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    e.sum(-1, keepdims=True) if lib == "numpy" else e.sum(-1, keepdim=True)
-    t["row sum"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    e @ vb
-    t["value matmul"] = time.perf_counter() - t0
-    return t
-
-
-def tile_profile(rounds: int = 5) -> dict[str, Any]:
-    """Time each pass of one blockwise tile (N=2048's default tile), per library.
-
-    The passes of ``_blockwise._query_block`` written out one by one, so the
-    record says where a tile's time goes: the two matmuls against the
-    elementwise passes (max, subtract, exp, sum) that NumPy runs on one core.
+    Each pass runs ``reps`` times back to back and its median counts, so
+    that thread wake-ups between passes are not charged to one of them.
+    NumPy's row sum rides in the value matmul (``vb`` carries a column of
+    ones); torch sums separately (see ``_blockwise._DEFAULTS``).
     """
     import torch
 
+    mod: Any = torch if lib == "torch" else np
+    s = qb @ kt
+    m = s.max(-1, keepdims=True) if lib == "numpy" else s.amax(-1, keepdim=True)
+    z = s - m  # what exp sees: <= 0, and no subnormals (they would slow exp down)
+    e = mod.exp(z)
+    scratch = s * 1  # the in-place subtraction's own tile: z must stay as it is
+
+    def row_max() -> Any:
+        return s.max(-1, keepdims=True) if lib == "numpy" else s.amax(-1, keepdim=True)
+
+    def subtract() -> None:
+        scratch.__isub__(m)
+
+    passes: dict[str, Callable[[], Any]] = {
+        "scores matmul": lambda: qb @ kt,
+        "row max": row_max,
+        "subtract (in place)": subtract,
+        "exp": lambda: mod.exp(z),
+    }
+    if lib == "torch":
+        passes["row sum"] = lambda: e.sum(-1, keepdim=True)
+        passes["value matmul"] = lambda: e @ vb
+    else:
+        passes["value matmul (+ ones column: row sum)"] = lambda: e @ vb
+    out = {}
+    for name, f in passes.items():
+        f()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+        out[name] = statistics.median(ts)
+    return out
+
+
+def _whole_call_parts(lib: str, n: int, rounds: int) -> dict[str, float]:
+    """Median ms of a whole N x N call, built up: the matmuls alone, plus exp, then portattn.
+
+    The loops run the default tiles of N=2048 one after another with the
+    library's own threading (no pool), so the first two rows are a floor for
+    any composition of separate array operations: SDPA fuses the softmax
+    into its matmul loop and pays for neither the extra passes nor the
+    Python between them.
+    """
+    import torch
+
+    import portattn as pa
+    from portattn._blockwise import block_sizes
+    from portattn._lib._compat import array_namespace
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((B, H, n, D), dtype=np.float32) for _ in range(3))
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+    arrays = (tq, tk, tv) if lib == "torch" else (q, k, v)
+    aq, ak, av = arrays
+    bq, bk = block_sizes(None, xp=array_namespace(aq), batch=(B, H))
+    kt = ak.transpose(-1, -2) if lib == "torch" else np.swapaxes(ak, -1, -2)
+    exp: Any = torch.exp if lib == "torch" else np.exp
+
+    def matmuls(with_exp: bool) -> Callable[[], None]:
+        def run() -> None:
+            for q0 in range(0, n, bq):
+                qb = aq[..., q0 : q0 + bq, :]
+                for k0 in range(0, n, bk):
+                    s = qb @ kt[..., k0 : k0 + bk]
+                    e = exp(s) if with_exp else s
+                    e @ av[..., k0 : k0 + bk, :]
+
+        return run
+
+    # Named with their library, so that time_interleaved pauses between libraries.
+    funcs = {
+        "torch SDPA": lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv),
+        f"{lib}: two matmuls per tile": matmuls(False),
+        f"{lib}: two matmuls + exp per tile": matmuls(True),
+        f"portattn {lib} blockwise": lambda: pa.attention(*arrays, impl="blockwise"),
+    }
+    times = time_interleaved(funcs, rounds)
+    return {name.split(": ")[-1]: statistics.median(ts) * 1e3 for name, ts in times.items()}
+
+
+def tile_profile(rounds: int = 5) -> dict[str, Any]:
+    """Where blockwise time goes at N=2048, per library.
+
+    ``median_us``/``share``: each pass of one default tile, timed on its own
+    (see :func:`_tile_passes`). ``call_ms``: a whole call built up from its
+    matmuls (see :func:`_whole_call_parts`); ``ceiling`` is SDPA's time over
+    the matmuls-and-exp floor, the best ratio an unfused composition could
+    reach on this machine.
+    """
+    import torch
+
+    from portattn._blockwise import block_sizes
+    from portattn._lib._compat import array_namespace
+
     res: dict[str, Any] = {}
     for lib in ("numpy", "torch"):
-        bq, bk = (128, 1024) if lib == "numpy" else (128, 512)
         rng = np.random.default_rng(0)
-        qb = rng.standard_normal((1, H, bq, D), dtype=np.float32)
-        kt = rng.standard_normal((1, H, D, bk), dtype=np.float32)
-        vb = rng.standard_normal((1, H, bk, D), dtype=np.float32)
+        probe = rng.standard_normal((1, 1, 1, 1), dtype=np.float32)
+        xp = array_namespace(torch.from_numpy(probe) if lib == "torch" else probe)
+        bq, bk = block_sizes(None, xp=xp, batch=(B, H))
+        qb = rng.standard_normal((B, H, bq, D), dtype=np.float32)
+        kt = rng.standard_normal((B, H, D, bk), dtype=np.float32)
+        vb = rng.standard_normal((B, H, bk, D + (lib == "numpy")), dtype=np.float32)
         if lib == "torch":
             qb, kt, vb = (torch.from_numpy(x) for x in (qb, kt, vb))
 
-        _tile_passes(lib, qb, kt, vb)
+        time.sleep(_SWITCH_PAUSE_S)  # the other library's threads stop spinning
         runs = [_tile_passes(lib, qb, kt, vb) for _ in range(rounds)]
         med = {name: statistics.median(r[name] for r in runs) for name in runs[0]}
         total = sum(med.values())
+        call = _whole_call_parts(lib, 2048, rounds)
         res[lib] = {
-            "tile": [1, H, bq, bk],
+            "tile": [B, H, bq, bk],
             "median_us": {k: v * 1e6 for k, v in med.items()},
             "share": {k: v / total for k, v in med.items()},
+            "call_ms": call,
+            "ceiling": call["torch SDPA"] / call["two matmuls + exp per tile"],
+            "blockwise_vs_sdpa": call["torch SDPA"] / call[f"portattn {lib} blockwise"],
         }
         print(f"tile profile {lib}:", {k: f"{v:.0%}" for k, v in res[lib]["share"].items()})
+        print(f"  whole call {lib} (ms):", {k: round(v, 1) for k, v in call.items()})
     return res
+
+
+def chapter_stages(rounds: int, loops: int = 2000) -> dict[str, float]:
+    """Median microseconds of each stage of a 6 x 8 call, run on its own."""
+    import portattn as pa
+    from portattn._attention import solve
+    from portattn._lib._compat import array_namespace
+    from portattn._problem import prepare
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((6, 8), dtype=np.float32) for _ in range(3))
+    xp = array_namespace(q, k, v)
+    p = prepare(q, k, v, xp=xp)
+    funcs = {
+        "namespace lookup": lambda: array_namespace(q, k, v, None, None, None, None),
+        "validation (prepare)": lambda: prepare(q, k, v, xp=xp),
+        "path and cast back (solve)": lambda: solve(p, xp=xp),
+        "whole call": lambda: pa.attention(q, k, v),
+    }
+    per_call: dict[str, list[float]] = {name: [] for name in funcs}
+    for _ in range(rounds):
+        for name, f in funcs.items():
+            t0 = time.perf_counter()
+            for _ in range(loops):
+                f()
+            per_call[name].append((time.perf_counter() - t0) / loops * 1e6)
+    return {name: statistics.median(ts) for name, ts in per_call.items()}
 
 
 def _library(name: str) -> str:
@@ -354,6 +464,7 @@ def chapter_overhead(rounds: int) -> dict[str, Any]:
         "shape": [6, 8],
         "median_us": {name: m * 1e6 for name, m in med.items()},
         "ratio_to_plain": {name: m / med["plain numpy"] for name, m in med.items()},
+        "stages_us": chapter_stages(rounds),
     }
 
 
@@ -444,22 +555,12 @@ def dask_rows(sizes: tuple[int, ...] = DASK_SIZES, rounds: int = 3) -> dict[str,
         for causal in (False, True):
             times = time_interleaved(_dask_subjects(n, causal, workers), rounds)
             base = statistics.median(times["portattn numpy"])
-            for name, ts in times.items():
-                med = statistics.median(ts)
-                rows.append(
-                    {
-                        "subject": name,
-                        "n": n,
-                        "causal": causal,
-                        "runs": len(ts),
-                        "median_s": med,
-                        "gflops": gflop(n, causal) / med,
-                        "speedup": base / med,
-                    }
-                )
+            for row in summarise(times, n, causal):
+                row["speedup"] = base / row["median_s"]
+                rows.append(row)
                 print(
-                    f"dask N={n:5d} causal={causal!s:5} {name:40s} {med * 1e3:9.1f} ms "
-                    f"x{base / med:.2f}"
+                    f"dask N={n:5d} causal={causal!s:5} {row['subject']:40s} "
+                    f"{row['median_s'] * 1e3:9.1f} ms x{row['speedup']:.2f}"
                 )
     return {"workers": workers, "throughput": rows, "overhead": _dask_overhead(rounds)}
 
@@ -536,6 +637,7 @@ def machine() -> dict[str, Any]:
 
 
 def summarise(times: dict[str, list[float]], n: int, causal: bool) -> list[dict[str, Any]]:
+    """One row per subject: median and best time, GFLOP/s, load; against SDPA where it ran."""
     rows = []
     for name, ts in times.items():
         med = statistics.median(ts)
@@ -551,9 +653,10 @@ def summarise(times: dict[str, list[float]], n: int, causal: bool) -> list[dict[
                 "load": [round(x, 2) for x in os.getloadavg()],
             }
         )
-    sdpa = next(r for r in rows if r["subject"] == "torch SDPA")
+    sdpa = next((r for r in rows if r["subject"] == "torch SDPA"), None)
     for r in rows:
-        r["vs_sdpa"] = r["gflops"] / sdpa["gflops"]
+        if sdpa is not None:
+            r["vs_sdpa"] = r["gflops"] / sdpa["gflops"]
     return rows
 
 
@@ -627,95 +730,6 @@ def plots(record: dict[str, Any], out: Path) -> None:
     fig.savefig(out / "memory.png", dpi=110)
 
 
-# --- forward + backward (issue 12): blockwise training memory and time --------------
-
-GRAD_SIZES = (2048, 8192)
-
-_GRAD_CHILD = """
-import statistics, sys, time
-import torch, portattn as pa
-n, subject, rounds = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-torch.manual_seed(0)
-
-def inputs(m):
-    q, k, v = (torch.randn(1, 8, m, 64, requires_grad=True) for _ in range(3))
-    return q, k, v, torch.randn(1, 8, m, 64)
-
-def step(q, k, v, d_out):
-    if subject == "sdpa":
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-    else:
-        out = pa.attention(q, k, v, impl="blockwise")
-    out.backward(d_out)
-    return out
-
-def status(field):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
-
-step(*inputs(256))  # imports, kernels, lazy initialisation
-q, k, v, d_out = inputs(n)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # the resident high-water mark restarts from the current RSS
-base = status("VmRSS:")
-times = []
-for _ in range(rounds):
-    q.grad = k.grad = v.grad = None
-    out = None
-    t0 = time.perf_counter()
-    out = step(q, k, v, d_out)
-    times.append(time.perf_counter() - t0)
-    if len(times) == 1:
-        peak = status("VmHWM:") - base
-print(peak, 8 * q.nbytes, statistics.median(times))
-"""
-
-
-def grad_rows(sizes: tuple[int, ...] = GRAD_SIZES, rounds: int = 2) -> dict[str, Any]:
-    """Forward + backward of blockwise portattn against SDPA's, torch CPU, float32.
-
-    Each (N, subject) runs in a fresh subprocess. tracemalloc does not see
-    torch's allocator, so peak memory is the resident-set high-water mark
-    (``VmHWM``, reset through ``/proc/self/clear_refs``) minus the resident
-    set once the inputs and the output's cotangent exist: the extra memory
-    of one forward + backward, output and gradients included. ``io_bytes``
-    is q, k, v, out and their four gradients; issue 12 asks for at most 4x
-    that. Times are the median of ``rounds`` steps (the first included).
-    """
-    rows = []
-    for n in sizes:
-        for subject in ("portattn torch blockwise", "torch sdpa"):
-            res = subprocess.run(
-                [sys.executable, "-c", _GRAD_CHILD, str(n), subject.split()[-1], str(rounds)],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            peak, io, median = res.stdout.split()
-            rows.append(
-                {
-                    "subject": subject,
-                    "n": n,
-                    "peak_extra_bytes": int(peak),
-                    "io_bytes": int(io),
-                    "peak_over_io": int(peak) / int(io),
-                    "median_s": float(median),
-                }
-            )
-    for n in sizes:
-        ours, sdpa = (r for r in rows if r["n"] == n)
-        ours["vs_sdpa"] = ours["median_s"] / sdpa["median_s"]
-    for r in rows:
-        print(
-            f"  fwd+bwd N={r['n']:5d} {r['subject']:25s} {r['median_s']:8.2f} s  "
-            f"peak {r['peak_extra_bytes'] / 2**20:8.1f} MiB = {r['peak_over_io']:.2f}x io"
-        )
-    return {
-        "config": {"B": B, "H": H, "d": D, "dtype": "float32", "causal": False, "rounds": rounds},
-        "rows": rows,
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N <= 2048, 3 rounds (smoke test)")
@@ -735,30 +749,11 @@ def main() -> None:
     )
     parser.add_argument("--memory-max-n", type=int, default=max(MEMORY_SIZES))
     parser.add_argument(
-        "--grad-only",
-        action="store_true",
-        help="only forward + backward memory and time (grad.json); with --quick, N=2048",
-    )
-    parser.add_argument(
         "--no-dask",
         action="store_true",
         help="leave dask.json as it is (its rows take long on a shared machine)",
     )
     args = parser.parse_args()
-    # Forward + backward rows go to their own record too; a full run writes them.
-    if args.grad_only or not args.quick:
-        args.out.mkdir(parents=True, exist_ok=True)
-        grad_record = {
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine(),
-            "load_before": [round(x, 2) for x in os.getloadavg()],
-            **grad_rows(tuple(n for n in GRAD_SIZES if n <= (2048 if args.quick else 8192))),
-            "load_after": [round(x, 2) for x in os.getloadavg()],
-        }
-        (args.out / "grad.json").write_text(json.dumps(grad_record, indent=1) + "\n")
-        print(f"wrote {args.out / 'grad.json'}")
-        if args.grad_only:
-            return
     # The dask rows go to their own record: a full run writes them too.
     if args.dask_only or not (args.quick or args.no_dask):
         args.out.mkdir(parents=True, exist_ok=True)
@@ -823,7 +818,6 @@ def main() -> None:
     record["threads"] = threads_summary(record["throughput"])
     train_sizes = tuple(n for n in TRAINING_SIZES if n <= max(args.max_n, 2048))
     record["training"] = training(train_sizes[:1] if args.quick else train_sizes, 2)
-    record["skipped"] += record["training"].pop("skipped")
     record["profile"] = tile_profile()
     record["memory"] = memory(mem_sizes)
     record["chapter"] = chapter_overhead(3 if args.quick else 7)

@@ -42,15 +42,18 @@ __all__ = ["block_sizes", "blockwise_attention"]
 # Per library: (key block, elements per score tile, row sums in the matmul).
 # The query block is chosen so that one (batch..., bq, bk) score tile holds
 # about that many elements. Measured on a 2-core AMD EPYC (AVX2), B=1, H=8,
-# d=64, float32, N=2048 (benchmarks/run.py records the run): torch is fastest
-# with tiles of at most 2 MiB, because larger ones fall out of glibc's heap
-# and every tile then pays ~1000 page faults for fresh memory (31k faults per
-# call at 4 MiB tiles, 0.5k at 2 MiB); NumPy allocates large arrays on huge
-# pages and prefers 4 MiB tiles, which halve the Python overhead per FLOP.
-# NumPy's row sum is a single-threaded pass over the tile that costs more
-# than widening the value matmul by one column of ones (see _sum_in_matmul);
-# torch's sum is multi-threaded and cheaper than the wider matmul.
-_DEFAULTS = {"torch": (512, 1 << 19, False), "numpy": (1024, 1 << 20, True)}
+# d=64, float32, N=512 and 2048 (benchmarks/run.py records the run): torch is
+# fastest with tiles of at most 2 MiB, because larger ones fall out of glibc's
+# heap and every tile then pays ~1000 page faults for fresh memory (31k
+# faults per call at 4 MiB tiles, 0.5k at 2 MiB). NumPy, once its row sums
+# ride in the value matmul, is fastest with 2 MiB tiles too (64 x 1024 at
+# H=8: 0.78x SDPA against 0.75x with 4 MiB tiles at N=2048, 0.98x against
+# 0.87x causal, 15 rounds interleaved): each pool worker's tile then stays
+# in cache between its passes. NumPy's row sum is a single-threaded pass
+# over the tile that costs more than widening the value matmul by one
+# column of ones (see _sum_in_matmul); torch's sum is multi-threaded and
+# cheaper than the wider matmul.
+_DEFAULTS = {"torch": (512, 1 << 19, False), "numpy": (1024, 1 << 19, True)}
 _FALLBACK = (512, 1 << 19, False)
 _QUERY_BLOCK_RANGE = (16, 1024)
 
