@@ -410,12 +410,15 @@ def _library(name: str) -> str:
 # call competes with numpy's still-spinning threads (and the reverse), which
 # measured torch's blockwise path at half its speed. So each library's
 # subjects run back to back, and the clock pauses when the library changes.
+# Within a library, the subject before leaves its own threads behind (a
+# two-thread BLAS call before a pool of one-thread workers), so each timed
+# call follows an untimed call of the same subject: every subject is timed
+# in its own steady state, as a loop of calls would see it.
 _SWITCH_PAUSE_S = 0.3
 
 
 def time_interleaved(funcs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
-    for f in funcs.values():  # warm up: imports, allocator, BLAS threads
-        f()
+    """Per round, each subject once untimed and once timed, pausing between libraries."""
     times: dict[str, list[float]] = {name: [] for name in funcs}
     for _ in range(rounds):
         previous = None
@@ -423,6 +426,7 @@ def time_interleaved(funcs: dict[str, Callable[[], Any]], rounds: int) -> dict[s
             if _library(name) != previous:
                 time.sleep(_SWITCH_PAUSE_S)
                 previous = _library(name)
+            f()  # its own steady state: imports, allocator, its threads
             t0 = time.perf_counter()
             f()
             times[name].append(time.perf_counter() - t0)
