@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import portattn as pa
+from portattn.testing import assert_close
 
 from conftest import Backend
 
@@ -133,8 +134,13 @@ def test_attention_and_linear_attention_refuse_the_same_stand_ins(backend: Backe
     x = backend.asarray(rng.standard_normal((3, 2)))
     got = rf"got (\w+ )?{re.escape(repr(causal))}$"
     for entry in (pa.attention, pa.linear_attention):
-        for flag in (False, True):
+        for flag in (False, True, np.False_, np.True_):
             assert entry(x, x, x, causal=flag).shape == (3, 2)
+        # NumPy's bools mean what Python's do, in both entry points
+        for flag in (False, True):
+            assert_close(
+                entry(x, x, x, causal=np.bool_(flag)), entry(x, x, x, causal=flag), rtol=0.0
+            )
         with pytest.raises(ValueError, match=r"expected causal to be (False, )?True.*" + got):
             entry(x, x, x, causal=causal)
     with pytest.raises(ValueError, match=r"expected causal to be False, True.*" + got):

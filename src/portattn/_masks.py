@@ -56,7 +56,7 @@ def normalize_causal(causal: object) -> bool | Align:
     cache in front of this check would accept ``causal=1`` once ``True`` had
     been seen.
     """
-    if causal is False or causal is True:
+    if causal is False or causal is True or _is_numpy_bool(causal):
         return bool(causal)
     if isinstance(causal, str) and causal in _ALIGNS:
         return "top_left" if causal == "top_left" else "bottom_right"
@@ -65,6 +65,11 @@ def normalize_causal(causal: object) -> bool | Align:
         f"got {type(causal).__name__} {causal!r}"
     )
     raise ValueError(msg)
+
+
+def _is_numpy_bool(value: object) -> bool:
+    """``np.True_``/``np.False_``, accepted wherever a flag is (as :func:`check_flag` does)."""
+    return type(value).__name__ == "bool" and type(value).__module__ == "numpy"
 
 
 def _clamp_window(window: tuple[int, int], lq: int, lk: int) -> tuple[int, int]:
