@@ -100,7 +100,6 @@ def subjects(
         for i in ("auto", "blockwise", "materialize")
         if i != "materialize" or n <= materialize_max_n
     ]
-    # One library's subjects run back to back (see time_interleaved).
     for impl in impls:
         out[f"portattn torch {impl}"] = lambda impl=impl: pa.attention(
             tq, tk, tv, causal=causal, impl=impl
@@ -319,7 +318,6 @@ def _whole_call_parts(lib: str, n: int, rounds: int) -> dict[str, float]:
 
         return run
 
-    # Named with their library, so that time_interleaved pauses between libraries.
     funcs = {
         "torch SDPA": lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv),
         f"{lib}: two matmuls per tile": matmuls(False),
@@ -358,7 +356,7 @@ def tile_profile(rounds: int = 5) -> dict[str, Any]:
         if lib == "torch":
             qb, kt, vb = (torch.from_numpy(x) for x in (qb, kt, vb))
 
-        time.sleep(_SWITCH_PAUSE_S)  # the other library's threads stop spinning
+        time.sleep(_PAUSE_S)  # the other library's threads stop spinning
         runs = [_tile_passes(lib, qb, kt, vb) for _ in range(rounds)]
         med = {name: statistics.median(r[name] for r in runs) for name in runs[0]}
         total = sum(med.values())
@@ -405,31 +403,24 @@ def chapter_stages(rounds: int, loops: int = 2000) -> dict[str, float]:
     return {name: statistics.median(ts) for name, ts in per_call.items()}
 
 
-def _library(name: str) -> str:
-    return "torch" if "torch" in name else "numpy"
-
-
 # OpenBLAS (numpy) and OpenMP (torch) worker threads keep spinning for a
-# while after a call returns. On 2 cores, a torch call that follows a numpy
-# call competes with numpy's still-spinning threads (and the reverse), which
-# measured torch's blockwise path at half its speed. So each library's
-# subjects run back to back, and the clock pauses when the library changes.
-# Within a library, the subject before leaves its own threads behind (a
-# two-thread BLAS call before a pool of one-thread workers), so each timed
-# call follows an untimed call of the same subject: every subject is timed
-# in its own steady state, as a loop of calls would see it.
-_SWITCH_PAUSE_S = 0.3
+# while after a call returns (OpenBLAS for about 0.1 s). On 2 cores, a call
+# that follows one with other threads competes with them: a torch call after
+# a numpy call, and NumPy's pool of one-thread workers after a two-thread
+# BLAS call (measured 0.77x SDPA for the first pool subject after plain
+# NumPy, 0.96x for the same call one subject later). So every subject starts
+# after a pause, makes one untimed call that brings its own threads up, and
+# then one timed call: each is timed in its own steady state, as a loop of
+# its calls would see it, whatever ran before it.
+_PAUSE_S = 0.3
 
 
 def time_interleaved(funcs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
-    """Per round, each subject once untimed and once timed, pausing between libraries."""
+    """Per round, each subject after a pause: once untimed, then once timed."""
     times: dict[str, list[float]] = {name: [] for name in funcs}
     for _ in range(rounds):
-        previous = None
         for name, f in funcs.items():
-            if _library(name) != previous:
-                time.sleep(_SWITCH_PAUSE_S)
-                previous = _library(name)
+            time.sleep(_PAUSE_S)
             f()  # its own steady state: imports, allocator, its threads
             t0 = time.perf_counter()
             f()
@@ -458,11 +449,8 @@ def chapter_overhead(rounds: int) -> dict[str, Any]:
     loops = 2000
     per_call: dict[str, list[float]] = {name: [] for name in funcs}
     for _ in range(rounds):
-        previous = None
+        time.sleep(_PAUSE_S)
         for name, f in funcs.items():
-            if _library(name) != previous:
-                time.sleep(_SWITCH_PAUSE_S)
-                previous = _library(name)
             t0 = time.perf_counter()
             for _ in range(loops):
                 f()
