@@ -316,6 +316,16 @@ def targets_markdown(n: int = 2048) -> str:
                 "not measured" if x is None else f"{x:.2f}× ({_verdict(x, x >= target)})"  # noqa: RUF001
             )
         lines.append(f"| {subject}, N={n} | ≥ {target}× | {cells[0]} | {cells[1]} |")  # noqa: RUF001
+    native = [
+        _num((rows.get(("portattn torch native", n, causal)) or {}).get("vs_sdpa"))
+        for causal in (False, True)
+    ]
+    if any(x is not None for x in native):
+        cells = ["not measured" if x is None else f"{x:.2f}×" for x in native]  # noqa: RUF001
+        lines.append(
+            f"| portattn torch native, N={n}: the same SDPA call `auto` makes, "
+            f"so its distance from 1.00× is this run's noise | — | {cells[0]} | {cells[1]} |"  # noqa: RUF001
+        )
     train = [
         r for r in (rec.get("training", {}) or {}).get("rows", []) or [] if isinstance(r, dict)
     ]
