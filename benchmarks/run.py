@@ -18,7 +18,10 @@ Record schema (``cpu.json``; the Performance page reads it, defensively):
   vs_sdpa, load}``; subjects are ``"torch SDPA"``, ``"portattn <library>
   <impl>"``, ``"plain numpy"`` and ``"portattn numpy blockwise, no pool"``
   (``PORTATTN_NUM_THREADS=1``: the thread pool off);
-- ``threads``: ``{workers, rows: [{n, causal, pool_s, no_pool_s, speedup}]}``;
+- ``threads``: ``{workers, rows: [{n, causal, pool_s, no_pool_s, speedup,
+  default_pools}]}``; below ``_threads._MIN_WORK`` the default call runs
+  without the pool, and ``pool_s`` is ``"portattn numpy blockwise, pool
+  forced"`` (``default_pools`` false);
 - ``training`` (torch, forward + backward against a fixed cotangent): rows
   ``{subject, n, causal, runs, median_s, vs_sdpa, peak_bytes, io_bytes,
   peak_over_io, load}``: ``median_s`` is the median over rounds of each fresh
@@ -120,11 +123,26 @@ def subjects(
             del os.environ[POOL_ENV]
 
     out[NO_POOL] = no_pool
+
+    from portattn._lib import _threads
+
+    if B * H * n * n * 2 * D < _threads._MIN_WORK:
+        # Below the threshold the default call runs without the pool; this
+        # subject forces it on, so the record shows what the threshold avoids.
+        def forced_pool() -> Any:
+            saved, _threads._MIN_WORK = _threads._MIN_WORK, 0
+            try:
+                return pa.attention(q, k, v, causal=causal, impl="blockwise")
+            finally:
+                _threads._MIN_WORK = saved
+
+        out[FORCED_POOL] = forced_pool
     return out
 
 
 POOL_ENV = "PORTATTN_NUM_THREADS"
 NO_POOL = "portattn numpy blockwise, no pool"
+FORCED_POOL = "portattn numpy blockwise, pool forced"
 TRAINING_SIZES = (2048, 8192)
 TRAINING_SUBJECTS = ("torch SDPA", "portattn torch blockwise", "portattn torch auto")
 
@@ -229,10 +247,19 @@ def threads_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out = []
     for n, causal in dict.fromkeys((r["n"], r["causal"]) for r in rows):
         group = {r["subject"]: r for r in rows if r["n"] == n and r["causal"] == causal}
-        if NO_POOL in group and "portattn numpy blockwise" in group:
-            on, off = group["portattn numpy blockwise"]["median_s"], group[NO_POOL]["median_s"]
+        default_pools = FORCED_POOL not in group
+        pooled = group.get("portattn numpy blockwise" if default_pools else FORCED_POOL)
+        if NO_POOL in group and pooled is not None:
+            on, off = pooled["median_s"], group[NO_POOL]["median_s"]
             out.append(
-                {"n": n, "causal": causal, "pool_s": on, "no_pool_s": off, "speedup": off / on}
+                {
+                    "n": n,
+                    "causal": causal,
+                    "pool_s": on,
+                    "no_pool_s": off,
+                    "speedup": off / on,
+                    "default_pools": default_pools,
+                }
             )
     return {"workers": pool_workers(1 << 10, 1 << 40), "rows": out}
 
@@ -812,6 +839,8 @@ def main() -> None:
                     f"{r['median_s'] * 1e3:9.2f} ms {r['gflops']:7.1f} GFLOP/s x{r['vs_sdpa']:.2f}"
                 )
     record["threads"] = threads_summary(record["throughput"])
+    # The forced pool is a thread-pool row only: no default call runs it.
+    record["throughput"] = [r for r in record["throughput"] if r["subject"] != FORCED_POOL]
     train_sizes = tuple(n for n in TRAINING_SIZES if n <= max(args.max_n, 2048))
     record["training"] = training(train_sizes[:1] if args.quick else train_sizes, 2)
     record["profile"] = tile_profile()

@@ -470,3 +470,42 @@ def _gap_sentence(lib: str, p: dict[str, Any], call: dict[str, Any], n: int = 20
         "the online softmax's rescaling of its running sums between key blocks, the "
         "writing of each query block's output, and the dispatch between operations."
     )
+
+
+def pool_cost_markdown() -> str:
+    """What the NumPy thread pool costs: memory per worker, start-up, and its threshold.
+
+    The tile size and the threshold are read from the library, the start-up
+    cost from the record's smallest thread-pool row.
+    """
+    from portattn import _blockwise
+    from portattn._lib import _threads
+
+    tile_elems = _blockwise._DEFAULTS["numpy"][1]
+    cfg = record().get("config", {})
+    itemsize = {"float32": 4, "float64": 8, "float16": 2}.get(str(cfg.get("dtype")), 4)
+    tile_mib = tile_elems * itemsize / 2**20
+    threshold = _threads._MIN_WORK
+    exp = threshold.bit_length() - 1
+    text = (
+        "The cost: each worker holds its own score tiles, so the pool's peak memory is "
+        f"up to one tile ({tile_mib:g} MiB at the default size in {cfg.get('dtype', 'float32')}) "
+        f"more per extra worker. Calls below 2<sup>{exp}</sup> multiply-adds "
+        f"(`_MIN_WORK` in `_lib/_threads.py`) never use the pool"
+    )
+    rows = [
+        r
+        for r in record().get("threads", {}).get("rows", [])
+        if not r.get("causal") and r.get("default_pools") is False
+    ]
+    if rows:
+        small = max(rows, key=lambda r: r["n"])
+        extra_ms = (small["pool_s"] - small["no_pool_s"]) * 1e3
+        text += (
+            f": at N={small['n']}, the largest size of this record below it, the pool forced "
+            f"on measured {extra_ms:+.2f} ms against the same call without it "
+            f"({small['speedup']:.2f}×)."  # noqa: RUF001
+        )
+    else:
+        text += "; this record has no size below it."
+    return text + "\n"
