@@ -172,14 +172,18 @@ def test_empty_keys_give_zero(backend: Backend, rng, impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_large_finite_scores_do_not_overflow(backend: Backend, rng, impl):
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+def test_large_finite_scores_do_not_overflow(backend: Backend, rng, impl, causal):
+    """No flag and no error, with hidden entries (causal) among the huge scores too."""
     xp = backend.xp
     q = rng.standard_normal((LQ, D)) * 1e18  # scores near 1e36, the float32 limit is 3.4e38
     k = rng.standard_normal((LK, D)) * 1e18
     v = rng.standard_normal((LK, DV))
     with np.errstate(all="raise"):
-        got = pa.attention(*(backend.asarray(a, xp.float32) for a in (q, k, v)), **impl)
-    want, _ = attention_ref(q, k, v)
+        got = pa.attention(
+            *(backend.asarray(a, xp.float32) for a in (q, k, v)), causal=causal, **impl
+        )
+    want, _ = attention_ref(q, k, v, causal=causal)
     assert_close(got, want, rtol=1e-5, dtype=xp.float32)
 
 

@@ -233,3 +233,72 @@ def test_head_errors(backend: Backend, rng):
 
     with pytest.raises(TypeError, match=r"expected xp to be .* got module 'json'"):
         pa.Head.random(4, 2, xp=json)
+
+
+# --- the NumPy validation memo -------------------------------------------------
+
+
+@pytest.fixture
+def small_np(rng):
+    return tuple(rng.standard_normal((6, 8)).astype(np.float32) for _ in range(3))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"causal": 1}, ValueError),
+        ({"causal": "yes"}, ValueError),
+        ({"scale": float("nan")}, ValueError),
+        ({"scale": float("inf")}, ValueError),
+        ({"scale": True}, ValueError),
+        ({"scale": np.float32(np.inf)}, ValueError),
+        ({"softcap": 0.0}, ValueError),
+        ({"window": -1}, ValueError),
+    ],
+)
+def test_a_memoised_valid_call_waves_no_bad_option_through(small_np, kwargs, error):
+    """NumPy calls without array options keep what their checks decided, keyed by dtypes,
+    shapes and options: the same arrays with a bad option must still be refused."""
+    q, k, v = small_np
+    pa.attention(q, k, v)
+    pa.attention(q, k, v, causal=True, scale=0.5, window=2, softcap=30.0)
+    with pytest.raises(error, match="expected"):
+        pa.attention(q, k, v, **kwargs)
+
+
+def test_a_memoised_valid_call_waves_no_bad_array_through(small_np):
+    q, k, v = small_np
+    pa.attention(q, k, v)
+    with pytest.raises(TypeError, match="expected query to have a real floating dtype"):
+        pa.attention(q.astype(np.int32), k, v)
+    with pytest.raises(TypeError, match=r"numpy\.ma\.MaskedArray"):
+        pa.attention(np.ma.masked_array(q), k, v)
+    with pytest.raises(ValueError, match="expected value to have Lk=6 rows"):
+        pa.attention(q, k, v[:5])
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        pa.attention(q, k[0], v)
+
+
+def test_the_memo_skips_only_repeat_numpy_checks(small_np, monkeypatch):
+    """A repeat NumPy call skips the checks and gives the same bits; torch never skips them."""
+    import torch
+
+    from portattn import _problem
+
+    calls = []
+    validate = _problem._validate
+    monkeypatch.setattr(
+        _problem, "_validate", lambda *a, **kw: calls.append(1) or validate(*a, **kw)
+    )
+    monkeypatch.setattr(_problem, "_PLANS", {})
+    q, k, v = small_np
+    first = pa.attention(q, k, v, causal=True)
+    again = pa.attention(q, k, v, causal=True)
+    assert len(calls) == 1
+    np.testing.assert_array_equal(first, again)
+    pa.attention(q, k, v, causal=True, mask=np.ones((6, 6), dtype=bool))  # an array option
+    assert len(calls) == 2
+    tq, tk, tv = (torch.from_numpy(x) for x in small_np)
+    pa.attention(tq, tk, tv)
+    pa.attention(tq, tk, tv)
+    assert len(calls) == 4

@@ -207,9 +207,11 @@ def _torch_inputs(rng: np.random.Generator) -> tuple[torch.Tensor, ...]:
     return tuple(torch.tensor(case[n], dtype=torch.float64, requires_grad=True) for n in "qkv")
 
 
-def _sdpa_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _sdpa_grads(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True
+) -> tuple[torch.Tensor, ...]:
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     out.pow(2).sum().backward()
     return (out.detach(), *(x.grad for x in (q, k, v)))
 
@@ -218,18 +220,19 @@ def _sdpa_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torc
 @pytest.mark.usefixtures("no_host_reads")
 @pytest.mark.parametrize("compiler", ["eager", "aot_eager"])
 @pytest.mark.parametrize("impl", ["materialize", "blockwise", "native"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "plain"])
 def test_torch_compile_fullgraph_forward_and_backward(
-    impl: str, compiler: str, rng: np.random.Generator
+    impl: str, causal: bool, compiler: str, rng: np.random.Generator
 ) -> None:
     torch._dynamo.reset()
     q, k, v = _torch_inputs(rng)
 
     def f(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        return pa.attention(a, b, c, impl=impl, causal=True, block_size=BS)
+        return pa.attention(a, b, c, impl=impl, causal=causal, block_size=BS)
 
     out = torch.compile(f, fullgraph=True, backend=compiler)(q, k, v)
     out.pow(2).sum().backward()
-    want = _sdpa_grads(q, k, v)
+    want = _sdpa_grads(q, k, v, causal=causal)
     for got, ref in zip((out, q.grad, k.grad, v.grad), want, strict=True):
         torch.testing.assert_close(got.detach(), ref, rtol=1e-10, atol=1e-10)
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 from ._autodiff import blockwise_attention
 from ._lib._checks import check_array, check_flag, check_int_pair
-from ._lib._compat import array_namespace, is_dask_namespace
+from ._lib._compat import array_namespace, namespace_library
 from ._lib._precision import narrow
 from ._lib._typing import Array, Namespace
 from ._masks import Causal
@@ -222,10 +222,10 @@ def solve(
     sizes = None if block_size is None else check_int_pair("block_size", block_size, minimum=1)
     want_lse = check_flag("return_lse", return_lse)
     lse: Array | None
-    lazy = is_dask_namespace(xp)
-    if impl == "auto" and not lazy:
-        impl = _auto(p, want_lse=want_lse, xp=xp)
-    if lazy:
+    lib = namespace_library(xp)
+    if impl == "auto" and lib != "dask":
+        impl = _auto(p, lib=lib, want_lse=want_lse, xp=xp)
+    if lib == "dask":
         from ._dask import dask_attention  # dask is optional: imported for dask arrays only
 
         out, lse = dask_attention(p, impl=impl, block_size=sizes, return_lse=want_lse)
@@ -244,13 +244,14 @@ def solve(
     return out
 
 
-def _auto(p: Problem, *, want_lse: bool, xp: Namespace) -> str:
+def _auto(p: Problem, *, lib: str, want_lse: bool, xp: Namespace) -> str:
     """The path ``impl="auto"`` takes (the rule is spelled out in :func:`attention`)."""
-    if auto_delegates(
+    if lib == "torch" and auto_delegates(
         p, return_lse=want_lse, materialize_max_pairs=_AUTO_MATERIALIZE_MAX_PAIRS, xp=xp
     ):
         return "native"
-    return "blockwise" if p.lq * p.lk > _AUTO_MATERIALIZE_MAX_PAIRS else "materialize"
+    s = p.structure
+    return "blockwise" if s.lq * s.lk > _AUTO_MATERIALIZE_MAX_PAIRS else "materialize"
 
 
 def attention_weights(

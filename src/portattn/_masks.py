@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ._lib._checks import check_flag, check_int, check_int_pair
-from ._lib._compat import is_numpy_namespace, resolve_namespace
+from ._lib._compat import namespace_library, resolve_namespace
 from ._lib._typing import Array, Device, Namespace
 
 __all__ = [
@@ -123,6 +123,11 @@ class Structure:
         """True when positions hide nothing."""
         return not self.causal and self.window is None
 
+    @property
+    def every_query_sees_a_key(self) -> bool:
+        """True when positions leave no query row empty (a window is not looked into)."""
+        return self.lk > 0 and self.window is None and (not self.causal or self.offset >= 0)
+
     def key_range(self, q0: int, q1: int) -> tuple[int, int]:
         """The half-open range of keys that any query in ``[q0, q1)`` may see."""
         lo, hi = 0, self.lk
@@ -154,9 +159,10 @@ class Structure:
         Only NumPy's tiles are kept: they are host data that no trace or
         autograd graph can hold. Other libraries get a fresh tile each call.
         """
-        if (q1 - q0) * (k1 - k0) > _SHARED_TILE_MAX or not is_numpy_namespace(xp):
+        if (q1 - q0) * (k1 - k0) > _SHARED_TILE_MAX or namespace_library(xp) != "numpy":
             return self.tile(q0, q1, k0, k1, xp=xp, device=device)
-        return _numpy_tile(self, q0, q1, k0, k1)
+        # Keyed by plain values: hashing them costs no Python call, hashing self would.
+        return _numpy_tile(self.lq, self.lk, self.offset, self.causal, self.window, q0, q1, k0, k1)
 
     def tile(self, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace, device: Device) -> Array:
         """The boolean mask of the tile ``[q0, q1) x [k0, k1)``, True where allowed."""
@@ -178,7 +184,18 @@ _SHARED_TILE_MAX = 1 << 16
 
 
 @functools.lru_cache(maxsize=64)
-def _numpy_tile(s: Structure, q0: int, q1: int, k0: int, k1: int) -> Array:
+def _numpy_tile(
+    lq: int,
+    lk: int,
+    offset: int,
+    causal: bool,
+    window: tuple[int, int] | None,
+    q0: int,
+    q1: int,
+    k0: int,
+    k1: int,
+) -> Array:
+    s = Structure(lq, lk, offset, causal, window)
     tile = s.tile(q0, q1, k0, k1, xp=_np_xp(), device="cpu")
     tile.flags.writeable = False
     return tile

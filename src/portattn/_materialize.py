@@ -6,6 +6,7 @@ sequences, where blocking machinery costs more than the memory it saves.
 
 from __future__ import annotations
 
+from ._lib._compat import matrix_transpose
 from ._lib._typing import Array, Namespace
 from ._problem import Problem, empty_result, expand
 from ._softmax import lse_from, masked_exp, masked_softmax, nonzero
@@ -15,8 +16,9 @@ __all__ = ["materialize_attention", "materialize_weights"]
 
 def _scores(p: Problem, *, xp: Namespace) -> tuple[Array, Array | None, bool]:
     """All the scores (..., Lq, Lk), what hides pairs (or None), and whether -inf may occur."""
-    scores = p.scores(p.q, xp.matrix_transpose(p.k), 0, p.lq, 0, p.lk, xp=xp)
-    return scores, p.allowed(0, p.lq, 0, p.lk, xp=xp), p.bias is not None
+    lq, lk = p.structure.lq, p.structure.lk
+    scores = p.scores(p.q, matrix_transpose(p.k, xp=xp), 0, lq, 0, lk, xp=xp)
+    return scores, p.allowed(0, lq, 0, lk, xp=xp), p.bias is not None
 
 
 def materialize_attention(
@@ -27,16 +29,28 @@ def materialize_attention(
     The weighted values are normalised rather than the weights: (Lq, dv)
     divisions instead of (Lq, Lk).
     """
-    if p.lk == 0:
+    s = p.structure
+    if s.lk == 0:
         return empty_result(p, xp=xp)
     scores, allowed, may_hide = _scores(p, xp=xp)
-    e, row_max, total = masked_exp(scores, allowed, xp=xp, may_hide=may_hide)
-    hides = may_hide or allowed is not None
+    # Positions alone (no mask, lengths or bias) leave every row a key: no
+    # row sums to 0, and the guards for that case are skipped.
+    full_rows = (
+        not may_hide
+        and p.mask is None
+        and p.key_lengths is None
+        and p.query_lengths is None
+        and s.every_query_sees_a_key
+    )
+    e, row_max, total = masked_exp(
+        scores, allowed, xp=xp, may_hide=may_hide, no_empty_rows=full_rows
+    )
+    hides = (may_hide or allowed is not None) and not full_rows
     out = (e @ p.v) / (nonzero(total, xp=xp) if hides else total)  # (..., Lq, dv)
-    out = expand(out, (*p.batch, p.lq, p.dv), xp=xp)
+    out = expand(out, (*p.batch, s.lq, p.v.shape[-1]), xp=xp)
     if not want_lse:
         return out, None
-    return out, expand(lse_from(row_max, total, xp=xp), (*p.batch, p.lq), xp=xp)  # (..., Lq)
+    return out, expand(lse_from(row_max, total, xp=xp), (*p.batch, s.lq), xp=xp)  # (..., Lq)
 
 
 def materialize_weights(p: Problem, *, xp: Namespace) -> Array:

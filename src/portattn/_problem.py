@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ._lib._checks import (
     broadcast_shapes,
     check_array,
@@ -97,8 +99,7 @@ class Problem:
         s = q_block @ k_t  # (..., q1-q0, k1-k0), already scaled through q
         if self.softcap is not None:
             s = xp.tanh(s / self.softcap) * self.softcap  # Gemma 2's logit soft-capping
-        bias = self.bias_tile(q0, q1, k0, k1)
-        return s if bias is None else s + bias
+        return s if self.bias is None else s + _tile(self.bias, q0, q1, k0, k1)
 
 
 def empty_result(p: Problem, *, xp: Namespace) -> tuple[Array, Array]:
@@ -152,52 +153,51 @@ def _structure(lq: int, lk: int, causal: bool | str, window: tuple[int, int] | N
     return s
 
 
+# What _validate decides: batch, structure, output dtype, compute dtype,
+# device, scale. Memoised for NumPy calls without array options.
+_Plan = tuple[tuple[int, ...], Structure, DType, DType, Device, float]
+_PLANS: dict[tuple[object, ...], _Plan] = {}
+
+
 def _check_lengths(name: str, x: Array | None, *, xp: Namespace) -> None:
     if x is not None and not has_kind(x.dtype, "integral", xp=xp):
         msg = f"expected {name} to be an integer array of valid lengths, got {dtype_name(x.dtype)}"
         raise TypeError(msg)
 
 
-def prepare(
+def _validate(
     query: Array,
     key: Array,
     value: Array | None,
     *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    causal: object = False,
-    scale: float | None = None,
-    window: int | tuple[int, int] | None = None,
-    key_lengths: Array | None = None,
-    query_lengths: Array | None = None,
-    softcap: float | None = None,
+    mask: Array | None,
+    bias: Array | None,
+    causal: bool | str,
+    scale: object,
+    window: tuple[int, int] | None,
+    key_lengths: Array | None,
+    query_lengths: Array | None,
     xp: Namespace,
-) -> Problem:
-    """Check every argument and return the problem in compute precision.
-
-    ``value=None`` validates a weights-only call (:func:`attention_weights`).
-    Options are validated before anything is cached on them.
-    """
-    causal = normalize_causal(causal)
-    window = normalize_window(window)
-    cap = None if softcap is None else _check_softcap(softcap)
+) -> _Plan:
+    """Every check of :func:`prepare` on the arrays, and what they decide."""
     # Each check runs over the arrays present, in one fixed order, so the
     # first problem found is the one reported. A small call is dominated by
     # this bookkeeping, so nothing is looked at twice.
     arrays = [("query", query), ("key", key)]
     if value is not None:
         arrays.append(("value", value))
-    options = [
-        (name, x)
-        for name, x in (
-            ("mask", mask),
-            ("bias", bias),
-            ("key_lengths", key_lengths),
-            ("query_lengths", query_lengths),
-        )
-        if x is not None
-    ]
-    present = arrays + options
+    present = arrays
+    if mask is not None or bias is not None or key_lengths is not None or query_lengths is not None:
+        present = arrays + [
+            (name, x)
+            for name, x in (
+                ("mask", mask),
+                ("bias", bias),
+                ("key_lengths", key_lengths),
+                ("query_lengths", query_lengths),
+            )
+            if x is not None
+        ]
     for name, x in present:
         check_array(name, x)
     for name, x in arrays:
@@ -261,14 +261,81 @@ def prepare(
     else:  # d == 0: every score is an empty sum, 0, whatever the scale
         scale_value = 1.0 / math.sqrt(d) if d > 0 else 1.0
 
-    dtypes = [x.dtype for _, x in arrays]
-    out_dtype = dtypes[0]
-    if any(dt != out_dtype for dt in dtypes):
-        out_dtype = xp.result_type(*dtypes)
+    out_dtype = query.dtype
+    if key.dtype != out_dtype or (value is not None and value.dtype != out_dtype):
+        out_dtype = xp.result_type(*(x.dtype for _, x in arrays))
     work = compute_dtype(out_dtype, xp=xp)
-    q = _as(query, work, xp=xp) * scale_value  # a Python scalar keeps q's dtype
-    k = _as(key, work, xp=xp)
-    v = None if value is None else _as(value, work, xp=xp)
+    return batch, structure, out_dtype, work, dev, scale_value
+
+
+def prepare(
+    query: Array,
+    key: Array,
+    value: Array | None,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    causal: object = False,
+    scale: float | None = None,
+    window: int | tuple[int, int] | None = None,
+    key_lengths: Array | None = None,
+    query_lengths: Array | None = None,
+    softcap: float | None = None,
+    xp: Namespace,
+) -> Problem:
+    """Check every argument and return the problem in compute precision.
+
+    ``value=None`` validates a weights-only call (:func:`attention_weights`).
+    Options are validated before anything is cached on them.
+    """
+    if causal is not False:  # the defaults need no call: a small call feels each
+        causal = normalize_causal(causal)
+    if window is not None:
+        window = normalize_window(window)
+    cap = None if softcap is None else _check_softcap(softcap)
+    plan = None
+    memo: tuple[object, ...] | None = None
+    if (
+        type(query) is np.ndarray
+        and type(key) is np.ndarray
+        and (value is None or type(value) is np.ndarray)
+        and mask is None
+        and bias is None
+        and key_lengths is None
+        and query_lengths is None
+        and (scale is None or type(scale) is float or type(scale) is int)
+    ):
+        # The checks below depend on nothing but these: a repeat NumPy call
+        # (the chapter's size is dominated by such bookkeeping) skips them.
+        # (``xp`` is these arrays' namespace: callers look it up from them.)
+        memo = (query.dtype, query.shape, key.dtype, key.shape, causal, window, scale, cap)
+        if value is not None:
+            memo += (value.dtype, value.shape)
+        plan = _PLANS.get(memo)
+    if plan is None:
+        plan = _validate(
+            query,
+            key,
+            value,
+            mask=mask,
+            bias=bias,
+            causal=causal,
+            scale=scale,
+            window=window,
+            key_lengths=key_lengths,
+            query_lengths=query_lengths,
+            xp=xp,
+        )
+        if memo is not None:
+            if len(_PLANS) >= _STRUCTURES_MAX:
+                _PLANS.clear()
+            _PLANS[memo] = plan
+    batch, structure, out_dtype, work, dev, scale_value = plan
+    lk = structure.lk
+    # Inline rather than _as(): at the chapter's size every call shows.
+    q = (query if query.dtype == work else xp.astype(query, work)) * scale_value
+    k = key if key.dtype == work else xp.astype(key, work)
+    v = value if value is None or value.dtype == work else xp.astype(value, work)
     ndim = len(batch) + 2
     # Lengths are compared with positions in int64 whatever their own dtype:
     # int8 lengths would wrap past 127 (showing padded keys), and torch
@@ -282,20 +349,21 @@ def prepare(
         k = xp.where(keep, k, 0.0)
         if v is not None:
             v = xp.where(keep, v, 0.0)
+    # Positional, in field order: keywords cost a small call half a microsecond.
     return Problem(
-        q=q,
-        k=k,
-        v=v,
-        mask=None if mask is None else _align(mask, ndim, xp=xp),
-        bias=None if bias is None else _align(_as(bias, work, xp=xp), ndim, xp=xp),
-        key_lengths=k_lengths,
-        query_lengths=q_lengths,
-        structure=structure,
-        batch=batch,
-        out_dtype=out_dtype,
-        device=dev,
-        scale=scale_value,
-        softcap=cap,
+        q,
+        k,
+        v,
+        None if mask is None else _align(mask, ndim, xp=xp),
+        None if bias is None else _align(_as(bias, work, xp=xp), ndim, xp=xp),
+        k_lengths,
+        q_lengths,
+        structure,
+        batch,
+        out_dtype,
+        dev,
+        scale_value,
+        cap,
     )
 
 

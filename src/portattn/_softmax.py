@@ -6,7 +6,7 @@ import math
 import numbers
 
 from ._lib._checks import check_floating, shown
-from ._lib._compat import array_namespace
+from ._lib._compat import array_namespace, at_least, max_last, sum_last
 from ._lib._precision import compute_dtype, narrow
 from ._lib._typing import Array, Namespace
 
@@ -49,7 +49,12 @@ def safe_exp(z: Array, floor: float, *, xp: Namespace) -> Array:
 
 
 def masked_exp(
-    scores: Array, allowed: Array | None, *, xp: Namespace, may_hide: bool = True
+    scores: Array,
+    allowed: Array | None,
+    *,
+    xp: Namespace,
+    may_hide: bool = True,
+    no_empty_rows: bool = False,
 ) -> tuple[Array, Array, Array]:
     """The unnormalised softmax over the last axis where ``allowed``: ``(exp(s - max), max, sum)``.
 
@@ -62,22 +67,27 @@ def masked_exp(
 
     ``may_hide=False`` promises that no entry is ``-inf`` (no mask, no bias),
     so no row can be empty and those guards are skipped: small calls are
-    dominated by per-operation overhead.
+    dominated by per-operation overhead. ``no_empty_rows=True`` promises
+    that ``allowed`` leaves every row an entry (a causal triangle hides
+    entries but leaves every row its first key), so no row max is ``-inf``
+    and the shift needs no guard.
     """
     # Python scalars in where() keep the array's dtype (array API 2024.12).
     if allowed is not None:
         scores = xp.where(allowed, scores, -math.inf)
-    row_max = xp.max(scores, axis=-1, keepdims=True)
+    row_max = max_last(scores, xp=xp)
     floor = exp_floor(scores.dtype, xp=xp)
     if not may_hide and allowed is None:
         # Nothing is -inf, so no row is empty; raising exponents below the
         # floor to the floor turns weights under 1e-25 (float32) into weights
         # under 1e-25: one cheap pass instead of a compare and a where.
-        e = xp.exp(xp.maximum(scores - row_max, floor))
+        e = xp.exp(at_least(scores - row_max, floor, xp=xp))
+    elif no_empty_rows and not may_hide:
+        e = safe_exp(scores - row_max, floor, xp=xp)  # hidden entries: exp(-inf) = 0
     else:
         shift = xp.where(xp.isinf(row_max), 0.0, row_max)
         e = safe_exp(scores - shift, floor, xp=xp)
-    return e, row_max, xp.sum(e, axis=-1, keepdims=True)
+    return e, row_max, sum_last(e, xp=xp)
 
 
 def nonzero(total: Array, *, xp: Namespace) -> Array:

@@ -147,12 +147,12 @@ def check_known_shape(name: str, x: Array | None) -> None:
     """
     if x is None:
         return
-    shape = tuple(x.shape)
-    for n in shape:
+    for n in x.shape:
         if n is None or (isinstance(n, float) and math.isnan(n)):
             break
     else:
         return
+    shape = tuple(x.shape)
     if any(isinstance(n, float) for n in shape):
         msg = (
             f"expected {name} to have known chunk sizes, got shape {shape}: a dask array "
@@ -184,13 +184,14 @@ def check_same_device(named: Sequence[tuple[str, Array | None]]) -> Device:
     A device of ``None`` (a JAX tracer has none) matches any device; the
     result is the first device that is not ``None``, or ``None``.
     """
-    devices = [(name, device_of(x)) for name, x in named if x is not None]
-    known = [(name, dev) for name, dev in devices if dev is not None]
-    if not known:
-        return None
-    first_name, first_dev = known[0]
-    for name, dev in known[1:]:
-        if dev is not first_dev and dev != first_dev:
+    first_name, first_dev = "", None
+    for name, x in named:
+        dev = None if x is None else device_of(x)
+        if dev is None:
+            continue
+        if first_dev is None:
+            first_name, first_dev = name, dev
+        elif dev is not first_dev and dev != first_dev:
             msg = (
                 "Input arrays use different devices: expected all on the device of "
                 f"{first_name} ({first_dev}), got {name} on {dev}"

@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import array_api_compat
+import numpy as _np
 from array_api_compat import (
     device,
     is_array_api_obj,
@@ -28,6 +29,7 @@ from array_api_compat import (
 
 __all__ = [
     "array_namespace",
+    "at_least",
     "device",
     "device_of",
     "is_array_api_obj",
@@ -41,8 +43,11 @@ __all__ = [
     "is_torch_namespace",
     "is_writeable_array",
     "library_name",
+    "matrix_transpose",
+    "max_last",
     "namespace_library",
     "resolve_namespace",
+    "sum_last",
     "to_device",
 ]
 
@@ -62,11 +67,11 @@ def array_namespace(*arrays: Any) -> ModuleType:
         If the arrays come from different libraries (both are named), or an
         argument is not an array at all.
     """
-    present = [a for a in arrays if a is not None]
-    key = tuple(type(a) for a in present)
+    key = tuple(map(type, arrays))  # NoneType marks an absent argument
     cached = _NAMESPACE_BY_TYPES.get(key)
     if cached is not None:
         return cached
+    present = [a for a in arrays if a is not None]
     for a in present:
         if not is_array_api_obj(a):
             msg = (
@@ -151,6 +156,49 @@ _DETECTORS = (
     ("dask", is_dask_namespace),
     ("array_api_strict", is_array_api_strict_namespace),
 )
+
+
+# The operations a small call cannot avoid, with NumPy's cheapest
+# spelling: ``np.max``/``np.sum`` and array-api-compat's ``matrix_transpose``
+# reach the same ufunc reduction and the same view through a microsecond of
+# Python wrappers each (``np.sum`` is ``np.add.reduce`` and ``np.max`` is
+# ``np.maximum.reduce``, so results are identical). At the chapter's size
+# (6 tokens, d=8) those wrappers were a fifth of a call. The test is on the
+# array's exact type, which costs no call; subclasses and every other library
+# get the standard functions.
+
+
+def max_last(x: Any, *, xp: ModuleType) -> Any:
+    """``xp.max(x, axis=-1, keepdims=True)``."""
+    if type(x) is _np.ndarray:
+        return _np.maximum.reduce(x, axis=-1, keepdims=True)
+    return xp.max(x, axis=-1, keepdims=True)
+
+
+def sum_last(x: Any, *, xp: ModuleType) -> Any:
+    """``xp.sum(x, axis=-1, keepdims=True)`` (floating ``x``: no dtype promotion to decide)."""
+    if type(x) is _np.ndarray:
+        return _np.add.reduce(x, axis=-1, keepdims=True)
+    return xp.sum(x, axis=-1, keepdims=True)
+
+
+def at_least(x: Any, floor: float, *, xp: ModuleType) -> Any:
+    """``x`` with entries below ``floor`` raised to it (``-inf`` included).
+
+    ``xp.clip(x, min=floor)``, which torch.compile traces: array-api-compat's
+    ``maximum`` with a Python scalar asks ``torch.result_type``, which it
+    cannot. NumPy gets the ufunc, cheaper than its ``clip``.
+    """
+    if type(x) is _np.ndarray:
+        return _np.maximum(x, floor)
+    return xp.clip(x, min=floor)
+
+
+def matrix_transpose(x: Any, *, xp: ModuleType) -> Any:
+    """``xp.matrix_transpose(x)``: the last two axes swapped (a view on NumPy)."""
+    if type(x) is _np.ndarray:
+        return x.mT
+    return xp.matrix_transpose(x)
 
 
 def library_name(x: Any) -> str:
