@@ -99,7 +99,7 @@ class Problem:
         s = q_block @ k_t  # (..., q1-q0, k1-k0), already scaled through q
         if self.softcap is not None:
             s = xp.tanh(s / self.softcap) * self.softcap  # Gemma 2's logit soft-capping
-        return s if self.bias is None else s + _tile(self.bias, q0, q1, k0, k1)
+        return s if self.bias is None else s + self.bias_tile(q0, q1, k0, k1)
 
 
 def empty_result(p: Problem, *, xp: Namespace) -> tuple[Array, Array]:
