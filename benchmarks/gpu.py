@@ -631,7 +631,7 @@ def tile_profile(
     import array_api_compat
     import torch
 
-    from portattn._blockwise import block_sizes
+    from portattn._paths._blockwise import block_sizes
 
     torch.manual_seed(0)
     res: dict[str, Any] = {}

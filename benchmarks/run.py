@@ -324,8 +324,8 @@ def _whole_call_parts(lib: str, n: int, rounds: int) -> dict[str, float]:
     import torch
 
     import portattn as pa
-    from portattn._blockwise import block_sizes
     from portattn._lib._compat import array_namespace
+    from portattn._paths._blockwise import block_sizes
 
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((B, H, n, D), dtype=np.float32) for _ in range(3))
@@ -370,8 +370,8 @@ def tile_profile(rounds: int = 5) -> dict[str, Any]:
     """
     import torch
 
-    from portattn._blockwise import block_sizes
     from portattn._lib._compat import array_namespace
+    from portattn._paths._blockwise import block_sizes
 
     res: dict[str, Any] = {}
     for lib in ("numpy", "torch"):
@@ -409,8 +409,8 @@ def chapter_stages(rounds: int, loops: int = 2000) -> dict[str, float]:
     """Median microseconds of each stage of a 6 x 8 call, run on its own."""
     import portattn as pa
     from portattn._attention import solve
+    from portattn._core._problem import prepare
     from portattn._lib._compat import array_namespace
-    from portattn._problem import prepare
 
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((6, 8), dtype=np.float32) for _ in range(3))

@@ -1,7 +1,7 @@
 """A float64 NumPy reference written for clarity, independently of portattn's code paths.
 
 Masks are built with explicit loops over (i, j) so that the alignment rules
-are spelled out once more, differently from ``portattn._masks``.
+are spelled out once more, differently from ``portattn._core._masks``.
 """
 
 from __future__ import annotations

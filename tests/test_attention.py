@@ -255,7 +255,7 @@ def test_one_namespace_lookup_per_public_call(backend: Backend, rng, monkeypatch
         return real(*arrays)
 
     monkeypatch.setattr(_compat, "array_namespace", counting)
-    for module in ("_attention", "_softmax", "_head"):
+    for module in ("_attention", "_core._softmax", "_layers._head"):
         monkeypatch.setattr(f"portattn.{module}.array_namespace", counting)
     q, k, v = (backend.asarray(a) for a in _qkv(rng))
     head = pa.Head.random(D, 3, xp=backend.xp, device=backend.device, dtype=backend.xp.float64)

@@ -76,7 +76,7 @@ def _expected(backend: Backend, torch_path: str, lq: int, lk: int) -> str:
     return "blockwise" if lq * lk > 256 * 256 else "materialize"
 
 
-# portattn._masks builds position indices as int64, which JAX without x64
+# portattn._core._masks builds position indices as int64, which JAX without x64
 # truncates to int32 with a warning; harmless at these sizes.
 @pytest.mark.filterwarnings("ignore:Explicitly requested dtype int64:UserWarning")
 @pytest.mark.parametrize("name", sorted(CASES))

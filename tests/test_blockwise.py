@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import portattn as pa
-from portattn import _blockwise
-from portattn._problem import Problem
+from portattn._core._problem import Problem
+from portattn._paths import _blockwise
 from portattn.testing import assert_close, to_numpy
 
 from conftest import Backend, rtol_for

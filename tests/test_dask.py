@@ -15,7 +15,7 @@ import pytest
 from dask.callbacks import Callback
 
 import portattn as pa
-from portattn._dask import FAN_IN_CONFIG, _merge, _pair
+from portattn._paths._dask import FAN_IN_CONFIG, _merge, _pair
 
 from reference import allowed_pairs, attention_ref
 

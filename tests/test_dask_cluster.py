@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 import portattn as pa
-from portattn._dask import _pair
+from portattn._paths._dask import _pair
 
 pytestmark = pytest.mark.cluster
 

@@ -283,7 +283,7 @@ def test_the_memo_skips_only_repeat_numpy_checks(small_np, monkeypatch):
     """A repeat NumPy call skips the checks and gives the same bits; torch never skips them."""
     import torch
 
-    from portattn import _problem
+    from portattn._core import _problem
 
     calls = []
     validate = _problem._validate

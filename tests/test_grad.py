@@ -18,8 +18,8 @@ import torch
 
 import portattn as pa
 from portattn import _attention
-from portattn._blockwise_grad import blockwise_backward
-from portattn._problem import prepare
+from portattn._core._problem import prepare
+from portattn._grad._backward import blockwise_backward
 
 F = torch.nn.functional
 IMPLS = ("materialize", "blockwise", "native")
@@ -256,7 +256,7 @@ def test_grad_after_inference_mode_and_no_grad(rng, impl):
 
 def test_no_grad_runs_the_plain_forward(rng, monkeypatch):
     """Without a gradient to take, the autograd.Function stays out of the way."""
-    from portattn import _autodiff
+    from portattn._grad import _autodiff
 
     calls = []
     real = _autodiff._torch_function
@@ -310,7 +310,7 @@ def test_generic_backward_runs_on_array_api_strict(rng):
     """The backward is array API code: array_api_strict gets torch autograd's answer."""
     import array_api_strict as xps
 
-    from portattn._blockwise import blockwise_attention
+    from portattn._paths._blockwise import blockwise_attention
 
     lq, lk = 13, 11
     arrays = {

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import portattn as pa
-from portattn import _multihead
+from portattn._layers import _multihead
 from portattn._lib import _compat
 from portattn.testing import assert_close, to_numpy
 
@@ -304,7 +304,13 @@ def test_one_namespace_lookup_per_call(backend: Backend, rng, monkeypatch):
         calls.append(len(arrays))
         return real(*arrays)
 
-    for module in ("_multihead", "_attention", "_positions", "_kvcache", "_head"):
+    for module in (
+        "_layers._multihead",
+        "_attention",
+        "_layers._positions",
+        "_layers._kvcache",
+        "_layers._head",
+    ):
         monkeypatch.setattr(f"portattn.{module}.array_namespace", counting)
     monkeypatch.setattr(_compat, "array_namespace", counting)
     x = backend.asarray(rng.standard_normal((B, LQ, D)), backend.xp.float32)

@@ -78,7 +78,7 @@ def test_native_refuses_libraries_without_a_kernel(backend: Backend):
     assert _has_kernel(backend) == (backend.name.startswith("torch") or backend.name == "jax")
 
 
-# portattn._masks builds position indices as int64, which JAX without x64
+# portattn._core._masks builds position indices as int64, which JAX without x64
 # truncates to int32 with a warning; harmless at these sizes.
 @pytest.mark.filterwarnings("ignore:Explicitly requested dtype int64:UserWarning")
 def test_native_jax_agrees_with_generic(rng):

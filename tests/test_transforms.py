@@ -25,7 +25,7 @@ import torch
 from dask.callbacks import Callback
 
 import portattn as pa
-from portattn import _blockwise
+from portattn._paths import _blockwise
 
 # As the backend matrix loads JAX: float64 stays float64 (and int64 int64),
 # whichever test module runs first.

@@ -8,14 +8,19 @@ caller's library, dtype and device.
 from __future__ import annotations
 
 from ._attention import attention, attention_weights
-from ._head import Head
-from ._kvcache import KVCache
-from ._linear import LinearAttentionState, elu_feature_map, linear_attention, linear_attention_step
-from ._masks import causal_mask, window_mask
-from ._merge import merge_attention
-from ._multihead import MultiHeadAttention
-from ._positions import apply_rope, rope_positions, sinusoidal_encoding
-from ._softmax import softmax
+from ._core._masks import causal_mask, window_mask
+from ._core._merge import merge_attention
+from ._core._softmax import softmax
+from ._layers._head import Head
+from ._layers._kvcache import KVCache
+from ._layers._linear import (
+    LinearAttentionState,
+    elu_feature_map,
+    linear_attention,
+    linear_attention_step,
+)
+from ._layers._multihead import MultiHeadAttention
+from ._layers._positions import apply_rope, rope_positions, sinusoidal_encoding
 
 __all__ = [
     "Head",

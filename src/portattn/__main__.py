@@ -12,7 +12,7 @@ from types import ModuleType
 from . import chapter
 from ._lib._backends import BACKENDS, load
 from ._lib._convert import to_numpy
-from ._terminal import heatmap
+from ._lib._terminal import heatmap
 
 __all__ = ["available_backends", "heatmap", "main"]
 

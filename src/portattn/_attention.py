@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ._autodiff import blockwise_attention
+from ._core._masks import Causal
+from ._core._problem import Problem, prepare
+from ._grad._autodiff import blockwise_attention
 from ._lib._checks import check_array, check_flag, check_int_pair
 from ._lib._compat import array_namespace, namespace_library
 from ._lib._precision import narrow
 from ._lib._typing import Array, Namespace
-from ._masks import Causal
-from ._materialize import materialize_attention, materialize_weights
-from ._native import auto_delegates, native_attention
-from ._problem import Problem, prepare
+from ._paths._materialize import materialize_attention, materialize_weights
+from ._paths._native import auto_delegates, native_attention
 
 __all__ = ["Impl", "attention", "attention_weights", "solve", "solve_weights"]
 
@@ -226,7 +226,7 @@ def solve(
     if impl == "auto" and lib != "dask":
         impl = _auto(p, lib=lib, want_lse=want_lse, xp=xp)
     if lib == "dask":
-        from ._dask import dask_attention  # dask is optional: imported for dask arrays only
+        from ._paths._dask import dask_attention  # dask is optional: imported for dask arrays only
 
         out, lse = dask_attention(p, impl=impl, block_size=sizes, return_lse=want_lse)
     elif impl == "native":

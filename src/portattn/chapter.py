@@ -20,12 +20,13 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from ._attention import solve_weights
-from ._head import Head, from_numpy_float64, standard_normal
+from ._core._problem import prepare
+from ._core._softmax import masked_softmax
+from ._layers._head import Head
 from ._lib._compat import resolve_namespace
 from ._lib._convert import to_numpy
+from ._lib._random import from_numpy_float64, standard_normal
 from ._lib._typing import Array, DType, Namespace
-from ._problem import prepare
-from ._softmax import masked_softmax
 
 __all__ = [
     "CHAPTER_STD",

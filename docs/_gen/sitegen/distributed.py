@@ -44,7 +44,7 @@ def grid(options: tuple[tuple[str, Any], ...] = (("causal", True),), title: str 
     """Build (not compute) attention on dask arrays and read its pair and merge tasks."""
     import dask.array as da
 
-    from portattn._dask import _merge, _pair
+    from portattn._paths._dask import _merge, _pair
 
     rng = np.random.default_rng(0)
     q, k, v = (
@@ -147,7 +147,7 @@ def cluster_grid(n: int = 65536, chunk: int = 4096) -> dict[str, str]:
     """The cluster test's schedule, read from its graph (lazy zeros: nothing is allocated)."""
     import dask.array as da
 
-    from portattn._dask import _pair
+    from portattn._paths._dask import _pair
 
     q = da.zeros((1, n, D), dtype=np.float32, chunks=(1, chunk, D))
     counts = {}

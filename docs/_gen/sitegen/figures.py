@@ -269,7 +269,7 @@ def permutation_bits() -> dict[str, int]:
     rounding" into a count a reader can check.
     """
     import portattn as pa
-    from portattn._head import standard_normal
+    from portattn._lib._random import standard_normal
 
     rep = chapter.permutation_check()
     perm = list(rep.perm)

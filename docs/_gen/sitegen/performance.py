@@ -486,8 +486,8 @@ def pool_cost_markdown() -> str:
     The tile size and the threshold are read from the library, the start-up
     cost from the record's smallest thread-pool row.
     """
-    from portattn import _blockwise
     from portattn._lib import _threads
+    from portattn._paths import _blockwise
 
     tile_elems = _blockwise._DEFAULTS["numpy"][1]
     cfg = record().get("config", {})

@@ -17,7 +17,7 @@ import numpy as np
 
 import portattn as pa
 from portattn import chapter
-from portattn._head import standard_normal
+from portattn._lib._random import standard_normal
 
 from .figures import CHAPTER_PRINTED, SEQ_LEN, TABLE_DIMS
 

@@ -477,7 +477,7 @@ def tiny_batch(lengths: Sequence[int], /, *, seed: int = 7) -> tuple[torch.Tenso
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m portattn hf``: a tiny random model's last-layer attention, as heatmaps."""
-    from .._terminal import heatmap
+    from .._lib._terminal import heatmap
 
     parser = argparse.ArgumentParser(
         prog="python -m portattn hf",

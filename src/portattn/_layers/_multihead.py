@@ -15,15 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from ._attention import solve, solve_weights
-from ._head import from_numpy_float64, standard_normal
+from .._attention import solve, solve_weights
+from .._core._masks import Causal
+from .._core._problem import Problem, prepare
+from .._lib._checks import check_floating, check_same_device, dtype_name
+from .._lib._compat import array_namespace, device_of, resolve_namespace
+from .._lib._random import from_numpy_float64, standard_normal
+from .._lib._typing import Array, Device, DType, Namespace
 from ._kvcache import KVCache, Staged
-from ._lib._checks import check_floating, check_same_device, dtype_name
-from ._lib._compat import array_namespace, device_of, resolve_namespace
-from ._lib._typing import Array, Device, DType, Namespace
-from ._masks import Causal
 from ._positions import RopeLayout, rope_impl
-from ._problem import Problem, prepare
 from ._torch_convert import from_torch, from_torch_weights, to_torch
 
 __all__ = ["MultiHeadAttention"]

@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from ._blockwise import blockwise_attention as _plain_blockwise
-from ._blockwise_grad import blockwise_backward
-from ._lib._typing import Array, Namespace
-from ._problem import Problem
+from .._core._problem import Problem
+from .._lib._typing import Array, Namespace
+from .._paths._blockwise import blockwise_attention as _plain_blockwise
+from ._backward import blockwise_backward
 
 __all__ = ["BlockwiseAttention"]
 

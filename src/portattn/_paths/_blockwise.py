@@ -23,8 +23,10 @@ import math
 
 import numpy as np
 
-from ._lib._checks import check_int_pair
-from ._lib._compat import (
+from .._core._problem import Problem, empty_result, expand
+from .._core._softmax import exp_floor, lse_from, safe_exp
+from .._lib._checks import check_int_pair
+from .._lib._compat import (
     device_of,
     is_concrete,
     is_dask_namespace,
@@ -32,10 +34,8 @@ from ._lib._compat import (
     is_writeable_array,
     namespace_library,
 )
-from ._lib._threads import map_blocks, pool_workers
-from ._lib._typing import Array, Namespace
-from ._problem import Problem, empty_result, expand
-from ._softmax import exp_floor, lse_from, safe_exp
+from .._lib._threads import map_blocks, pool_workers
+from .._lib._typing import Array, Namespace
 
 __all__ = ["block_sizes", "blockwise_attention"]
 

@@ -11,9 +11,9 @@ import functools
 from dataclasses import dataclass
 from typing import Literal
 
-from ._lib._checks import check_flag, check_int, check_int_pair
-from ._lib._compat import namespace_library, resolve_namespace
-from ._lib._typing import Array, Device, Namespace
+from .._lib._checks import check_flag, check_int, check_int_pair
+from .._lib._compat import namespace_library, resolve_namespace
+from .._lib._typing import Array, Device, Namespace
 
 __all__ = [
     "Align",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._lib._checks import (
+from .._lib._checks import (
     broadcast_shapes,
     check_array,
     check_bool,
@@ -27,8 +27,8 @@ from ._lib._checks import (
     dtype_name,
     has_kind,
 )
-from ._lib._precision import compute_dtype
-from ._lib._typing import Array, Device, DType, Namespace
+from .._lib._precision import compute_dtype
+from .._lib._typing import Array, Device, DType, Namespace
 from ._masks import Structure, length_mask, normalize_causal, normalize_window
 
 __all__ = ["Problem", "empty_result", "expand", "prepare"]

@@ -6,47 +6,21 @@ import math
 
 import numpy as np
 
-from ._attention import solve, solve_weights
-from ._lib._checks import (
-    check_dtype,
+from .._attention import solve, solve_weights
+from .._core._masks import Causal
+from .._core._problem import prepare
+from .._lib._checks import (
     check_floating,
     check_int,
     check_real,
     check_same_device,
     dtype_name,
 )
-from ._lib._compat import array_namespace, device_of, resolve_namespace
-from ._lib._typing import Array, Device, DType, Namespace
-from ._masks import Causal
-from ._problem import prepare
+from .._lib._compat import array_namespace, device_of, resolve_namespace
+from .._lib._random import from_numpy_float64, standard_normal
+from .._lib._typing import Array, Device, DType, Namespace
 
-__all__ = ["Head", "from_numpy_float64", "standard_normal"]
-
-
-def standard_normal(shape: tuple[int, ...], *, seed: int) -> np.ndarray:
-    """I.i.d. N(0, 1) float64 draws from NumPy's PCG64 seeded with ``seed``.
-
-    Weights are drawn here, once, in float64, and only then converted, which
-    is what makes them bit-identical on every backend.
-    """
-    s = check_int("seed", seed, minimum=0)
-    return np.random.Generator(np.random.PCG64(s)).standard_normal(shape)
-
-
-def from_numpy_float64(
-    a: np.ndarray, *, xp: Namespace, dtype: DType | None, device: Device | None
-) -> Array:
-    """Move float64 NumPy data to ``xp``/``device`` and round to ``dtype`` (default float32).
-
-    Rounding happens in NumPy when the target is float32 or float64 so every
-    backend receives identical bits; narrower targets round on the backend
-    from float32, which is exact-rounding everywhere.
-    """
-    target = xp.float32 if dtype is None else check_dtype("dtype", dtype, xp=xp)
-    if target == xp.float64:
-        return xp.asarray(a, dtype=xp.float64, device=device)
-    f32 = xp.asarray(a.astype(np.float32), dtype=xp.float32, device=device)
-    return f32 if target == xp.float32 else xp.astype(f32, target)
+__all__ = ["Head"]
 
 
 class Head:

@@ -37,13 +37,13 @@ import dask.array.utils
 import dask.base
 import dask.highlevelgraph
 
+from .._core._masks import Structure
+from .._core._merge import merge_attention
+from .._core._problem import Problem, expand
+from .._lib._compat import array_namespace, device_of
+from .._lib._typing import Array, Namespace
 from ._blockwise import blockwise_attention
-from ._lib._compat import array_namespace, device_of
-from ._lib._typing import Array, Namespace
-from ._masks import Structure
 from ._materialize import materialize_attention
-from ._merge import merge_attention
-from ._problem import Problem, expand
 
 # dask's own annotations are partial; its objects are used as Any here.
 da: Any = dask.array

@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from ._lib._checks import (
+from .._lib._checks import (
     broadcast_shapes,
     check_dtype,
     check_floating,
@@ -26,9 +26,9 @@ from ._lib._checks import (
     dtype_name,
     shown,
 )
-from ._lib._compat import array_namespace, device_of, resolve_namespace
-from ._lib._precision import compute_dtype, narrow
-from ._lib._typing import Array, Device, DType, Namespace
+from .._lib._compat import array_namespace, device_of, resolve_namespace
+from .._lib._precision import compute_dtype, narrow
+from .._lib._typing import Array, Device, DType, Namespace
 
 __all__ = ["RopeLayout", "apply_rope", "rope_positions", "sinusoidal_encoding"]
 

@@ -10,10 +10,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ._head import from_numpy_float64
-from ._lib._compat import array_namespace, resolve_namespace
-from ._lib._convert import to_numpy
-from ._lib._typing import Array, Device, DType, Namespace
+from .._lib._compat import array_namespace, resolve_namespace
+from .._lib._convert import to_numpy
+from .._lib._random import from_numpy_float64
+from .._lib._typing import Array, Device, DType, Namespace
 
 __all__ = ["Layers", "from_torch", "from_torch_weights", "to_torch"]
 

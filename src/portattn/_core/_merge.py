@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ._lib._checks import check_floating, shown
-from ._lib._compat import array_namespace, device_of, is_array_api_obj
-from ._lib._precision import compute_dtype, narrow
-from ._lib._typing import Array
+from .._lib._checks import check_floating, shown
+from .._lib._compat import array_namespace, device_of, is_array_api_obj
+from .._lib._precision import compute_dtype, narrow
+from .._lib._typing import Array
 from ._softmax import exp_floor, safe_exp
 
 __all__ = ["merge_attention"]

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numbers
 import threading
 
-from ._lib._checks import check_dtype, check_int, dtype_name, shown
-from ._lib._compat import array_namespace, device_of, is_writeable_array, resolve_namespace
-from ._lib._typing import Array, Device, DType, Namespace
+from .._lib._checks import check_dtype, check_int, dtype_name, shown
+from .._lib._compat import array_namespace, device_of, is_writeable_array, resolve_namespace
+from .._lib._typing import Array, Device, DType, Namespace
 
 __all__ = ["KVCache"]
 

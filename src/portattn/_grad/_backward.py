@@ -34,11 +34,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ._blockwise import _exp_cannot_underflow, block_sizes, traced_block_sizes
-from ._lib._compat import is_concrete
-from ._lib._typing import Array, Namespace
-from ._problem import Problem
-from ._softmax import exp_floor, safe_exp
+from .._core._problem import Problem
+from .._core._softmax import exp_floor, safe_exp
+from .._lib._compat import is_concrete
+from .._lib._typing import Array, Namespace
+from .._paths._blockwise import _exp_cannot_underflow, block_sizes, traced_block_sizes
 
 __all__ = ["Grads", "blockwise_backward", "sum_to"]
 

@@ -6,10 +6,10 @@ sequences, where blocking machinery costs more than the memory it saves.
 
 from __future__ import annotations
 
-from ._lib._compat import matrix_transpose
-from ._lib._typing import Array, Namespace
-from ._problem import Problem, empty_result, expand
-from ._softmax import lse_from, masked_exp, masked_softmax, nonzero
+from .._core._problem import Problem, empty_result, expand
+from .._core._softmax import lse_from, masked_exp, masked_softmax, nonzero
+from .._lib._compat import matrix_transpose
+from .._lib._typing import Array, Namespace
 
 __all__ = ["materialize_attention", "materialize_weights"]
 

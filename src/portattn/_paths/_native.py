@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import math
 
-from ._lib._compat import namespace_library
-from ._lib._typing import Array, Namespace
-from ._problem import Problem, empty_result
+from .._core._problem import Problem, empty_result
+from .._lib._compat import namespace_library
+from .._lib._typing import Array, Namespace
 
 __all__ = ["auto_delegates", "native_attention", "refusal"]
 

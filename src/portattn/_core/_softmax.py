@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 import numbers
 
-from ._lib._checks import check_floating, shown
-from ._lib._compat import array_namespace, at_least, max_last, sum_last
-from ._lib._precision import compute_dtype, narrow
-from ._lib._typing import Array, Namespace
+from .._lib._checks import check_floating, shown
+from .._lib._compat import array_namespace, at_least, max_last, sum_last
+from .._lib._precision import compute_dtype, narrow
+from .._lib._typing import Array, Namespace
 
 __all__ = [
     "exp_floor",

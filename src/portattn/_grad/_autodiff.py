@@ -21,11 +21,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ._blockwise import blockwise_attention as _plain_blockwise
-from ._blockwise_grad import blockwise_backward
-from ._lib._compat import namespace_library
-from ._lib._typing import Array, Namespace
-from ._problem import Problem
+from .._core._problem import Problem
+from .._lib._compat import namespace_library
+from .._lib._typing import Array, Namespace
+from .._paths._blockwise import blockwise_attention as _plain_blockwise
+from ._backward import blockwise_backward
 
 __all__ = ["blockwise_attention"]
 
@@ -74,7 +74,7 @@ def _torch_function() -> Any:
     torch.compile cannot trace a class statement (nor sees through a
     ``functools.cache``), and would refuse ``fullgraph=True``.
     """
-    from ._autodiff_torch import BlockwiseAttention
+    from ._torch import BlockwiseAttention
 
     return BlockwiseAttention
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from ._lib._checks import (
+from .._lib._checks import (
     broadcast_shapes,
     check_flag,
     check_floating,
@@ -30,9 +30,9 @@ from ._lib._checks import (
     dtype_name,
     shown,
 )
-from ._lib._compat import array_namespace, device_of, is_array_api_obj, library_name
-from ._lib._precision import compute_dtype, narrow
-from ._lib._typing import Array, Namespace
+from .._lib._compat import array_namespace, device_of, is_array_api_obj, library_name
+from .._lib._precision import compute_dtype, narrow
+from .._lib._typing import Array, Namespace
 
 __all__ = ["LinearAttentionState", "elu_feature_map", "linear_attention", "linear_attention_step"]
 
