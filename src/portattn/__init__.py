@@ -8,8 +8,10 @@ caller's library, dtype and device.
 from __future__ import annotations
 
 from ._attention import attention, attention_weights
+from ._core._block_mask import BlockMask, create_block_mask
 from ._core._masks import causal_mask, window_mask
 from ._core._merge import merge_attention
+from ._core._mods import and_masks, or_masks
 from ._core._softmax import softmax
 from ._layers._head import Head
 from ._layers._kvcache import KVCache
@@ -23,18 +25,22 @@ from ._layers._multihead import MultiHeadAttention
 from ._layers._positions import apply_rope, rope_positions, sinusoidal_encoding
 
 __all__ = [
+    "BlockMask",
     "Head",
     "KVCache",
     "LinearAttentionState",
     "MultiHeadAttention",
+    "and_masks",
     "apply_rope",
     "attention",
     "attention_weights",
     "causal_mask",
+    "create_block_mask",
     "elu_feature_map",
     "linear_attention",
     "linear_attention_step",
     "merge_attention",
+    "or_masks",
     "rope_positions",
     "sinusoidal_encoding",
     "softmax",

@@ -1,0 +1,255 @@
+"""The mod protocol: small user functions that program attention, as FlexAttention's do.
+
+A ``score_mod(score, b, h, q_idx, kv_idx)`` returns the modified score; a
+``mask_mod(b, h, q_idx, kv_idx)`` returns True where a query may attend. The
+index arguments are integer arrays of the inputs' namespace and device that
+broadcast to the score tile (batch, heads, queries, keys): ``b`` is
+(Tb, 1, 1, 1), ``h`` (1, Th, 1, 1), ``q_idx`` (1, 1, Tq, 1), ``kv_idx``
+(1, 1, 1, Tk), each holding absolute positions. A mod is therefore ordinary
+elementwise array code, and one written with operators and indexing of
+captured arrays alone runs unchanged under torch's ``flex_attention``, whose
+``vmap`` hands it scalars instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .._lib._checks import dtype_name, has_kind
+from .._lib._typing import Array, Device, DType, Namespace
+
+__all__ = [
+    "MaskMod",
+    "ScoreMod",
+    "and_masks",
+    "apply_mask_mod",
+    "apply_score_mod",
+    "index_dtype",
+    "or_masks",
+    "tile_indices",
+]
+
+MaskMod = Callable[[Array, Array, Array, Array], Array]
+ScoreMod = Callable[[Array, Array, Array, Array, Array], Array]
+
+Indices = tuple[Array, Array, Array, Array]
+
+
+def index_dtype(*, xp: Namespace, device: Device = None) -> DType:
+    """The namespace's default integer dtype: int64, or int32 under JAX without x64.
+
+    Asking the namespace rather than naming int64 keeps JAX from warning that
+    it truncated a requested int64 (and from paying a conversion per tile).
+    """
+    info = getattr(xp, "__array_namespace_info__", None)
+    if info is None:
+        return xp.int64
+    return info().default_dtypes(device=device)["integral"]
+
+
+def _span(name: str, span: range) -> range:
+    if not isinstance(span, range) or span.step != 1:
+        msg = f"expected {name} to be a range with step 1, got {span!r}"
+        raise TypeError(msg)
+    if span.start < 0:
+        msg = f"expected {name} to start at a non-negative position, got {span!r}"
+        raise ValueError(msg)
+    return span
+
+
+def tile_indices(
+    batch: range, heads: range, queries: range, keys: range, *, xp: Namespace, device: Device
+) -> Indices:
+    """The ``(b, h, q_idx, kv_idx)`` a mod sees for one tile, as absolute positions.
+
+    Each argument is the ``range`` of positions the tile covers along that
+    axis; the arrays come back shaped (Tb,1,1,1), (1,Th,1,1), (1,1,Tq,1),
+    (1,1,1,Tk) in the namespace's default integer dtype on ``device``.
+    """
+    dtype = index_dtype(xp=xp, device=device)
+    spans = (
+        _span("batch", batch),
+        _span("heads", heads),
+        _span("queries", queries),
+        _span("keys", keys),
+    )
+    out = []
+    for axis, span in enumerate(spans):
+        shape = [1, 1, 1, 1]
+        shape[axis] = len(span)
+        r = xp.arange(span.start, span.stop, dtype=dtype, device=device)
+        out.append(xp.reshape(r, tuple(shape)))
+    return out[0], out[1], out[2], out[3]
+
+
+def _tile_shape(idx: Indices) -> tuple[int, int, int, int]:
+    b, h, q, kv = idx
+    return int(b.shape[0]), int(h.shape[1]), int(q.shape[2]), int(kv.shape[3])
+
+
+def _broadcastable(got: tuple[int, ...], to: tuple[int, ...]) -> bool:
+    if len(got) > len(to):
+        return False
+    return all(g in (1, t) for g, t in zip(reversed(got), reversed(to), strict=False))
+
+
+def _name_of(mod: object) -> str:
+    return getattr(mod, "__name__", type(mod).__name__)
+
+
+def apply_mask_mod(mask_mod: MaskMod, idx: Indices, *, xp: Namespace) -> Array:
+    """``mask_mod(*idx)`` checked, as a 4-D boolean array that broadcasts to the tile.
+
+    The result keeps its own (possibly smaller) shape: a mod that ignores
+    ``b`` and ``h`` returns (1, 1, Tq, Tk), and callers may exploit that.
+    """
+    tile = _tile_shape(idx)
+    got = mask_mod(*idx)
+    shape = tuple(getattr(got, "shape", ()))
+    dtype = getattr(got, "dtype", None)
+    if dtype is None or not has_kind(dtype, "bool", xp=xp):
+        kind = type(got).__name__ if dtype is None else dtype_name(dtype)
+        msg = (
+            f"expected mask_mod {_name_of(mask_mod)} to return a boolean array "
+            f"(True where attention is allowed), got {kind}"
+        )
+        raise TypeError(msg)
+    if not _broadcastable(shape, tile):
+        msg = (
+            f"expected mask_mod {_name_of(mask_mod)} to return an array broadcastable "
+            f"to the tile shape {tile}, got shape {shape}"
+        )
+        raise ValueError(msg)
+    if len(shape) < 4:
+        got = xp.reshape(got, (1,) * (4 - len(shape)) + shape)
+    return got
+
+
+def apply_score_mod(score_mod: ScoreMod, score: Array, idx: Indices, *, xp: Namespace) -> Array:
+    """``score_mod(score, *idx)`` checked: the shape and dtype of ``score``.
+
+    A result that promoted the dtype (NumPy turns float32 times int64 into
+    float64) is cast back; one that broadcasts to the score's shape is
+    broadcast. Anything else is refused, naming the mod.
+    """
+    got = score_mod(score, *idx)
+    dtype = getattr(got, "dtype", None)
+    if dtype is None or not (
+        has_kind(dtype, "real floating", xp=xp) or has_kind(dtype, "integral", xp=xp)
+    ):
+        kind = type(got).__name__ if dtype is None else dtype_name(dtype)
+        msg = (
+            f"expected score_mod {_name_of(score_mod)} to return a real array "
+            f"shaped like the score, got {kind}"
+        )
+        raise TypeError(msg)
+    shape = tuple(got.shape)
+    want = tuple(score.shape)
+    if shape != want:
+        if not _broadcastable(shape, want):
+            msg = (
+                f"expected score_mod {_name_of(score_mod)} to return the score's shape "
+                f"{want}, got shape {shape}"
+            )
+            raise ValueError(msg)
+        got = xp.broadcast_to(got, want)
+    if dtype != score.dtype:
+        got = xp.astype(got, score.dtype)
+    return got
+
+
+def _check_mods(name: str, mods: tuple[object, ...]) -> None:
+    for i, mod in enumerate(mods):
+        if not callable(mod):
+            msg = (
+                f"expected every argument of {name} to be a mask_mod "
+                f"(a callable (b, h, q_idx, kv_idx) -> bool array), got {type(mod).__name__} "
+                f"at position {i}"
+            )
+            raise TypeError(msg)
+
+
+def and_masks(*mask_mods: MaskMod) -> MaskMod:
+    """A ``mask_mod`` that allows a pair only where every one of ``mask_mods`` does.
+
+    Parameters
+    ----------
+    *mask_mods : callable
+        Functions ``(b, h, q_idx, kv_idx) -> bool array``.
+
+    Returns
+    -------
+    callable
+        Their intersection, itself a ``mask_mod``. With no argument it allows
+        every pair. It uses only ``&``, so it also serves torch's
+        ``flex_attention``.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> import portattn as pa
+    >>> causal = lambda b, h, q, kv: q >= kv
+    >>> near = lambda b, h, q, kv: q - kv <= 1
+    >>> both = pa.and_masks(causal, near)
+    >>> q = xp.reshape(xp.arange(4), (4, 1))
+    >>> kv = xp.reshape(xp.arange(4), (1, 4))
+    >>> xp.astype(both(0, 0, q, kv), xp.int8)
+    Array([[1, 0, 0, 0],
+           [1, 1, 0, 0],
+           [0, 1, 1, 0],
+           [0, 0, 1, 1]], dtype=array_api_strict.int8)
+    """
+    _check_mods("and_masks", mask_mods)
+    mods = tuple(mask_mods)
+
+    def and_mask(b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
+        if not mods:
+            return q_idx == q_idx  # True everywhere, in the caller's library, by operators alone
+        result = mods[0](b, h, q_idx, kv_idx)
+        for mod in mods[1:]:
+            result = result & mod(b, h, q_idx, kv_idx)
+        return result
+
+    return and_mask
+
+
+def or_masks(*mask_mods: MaskMod) -> MaskMod:
+    """A ``mask_mod`` that allows a pair wherever any one of ``mask_mods`` does.
+
+    Parameters
+    ----------
+    *mask_mods : callable
+        Functions ``(b, h, q_idx, kv_idx) -> bool array``.
+
+    Returns
+    -------
+    callable
+        Their union, itself a ``mask_mod``. With no argument it allows no
+        pair. It uses only ``|``, so it also serves torch's ``flex_attention``.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> import portattn as pa
+    >>> causal = lambda b, h, q, kv: q >= kv
+    >>> first_key = lambda b, h, q, kv: kv == 0
+    >>> either = pa.or_masks(causal, first_key)
+    >>> q = xp.reshape(xp.arange(3), (3, 1))
+    >>> kv = xp.reshape(xp.arange(3), (1, 3))
+    >>> xp.astype(either(0, 0, q, kv), xp.int8)
+    Array([[1, 0, 0],
+           [1, 1, 0],
+           [1, 1, 1]], dtype=array_api_strict.int8)
+    """
+    _check_mods("or_masks", mask_mods)
+    mods = tuple(mask_mods)
+
+    def or_mask(b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
+        if not mods:
+            return q_idx != q_idx  # False everywhere
+        result = mods[0](b, h, q_idx, kv_idx)
+        for mod in mods[1:]:
+            result = result | mod(b, h, q_idx, kv_idx)
+        return result
+
+    return or_mask
