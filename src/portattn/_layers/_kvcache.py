@@ -10,15 +10,29 @@ from __future__ import annotations
 
 import numbers
 import threading
+from typing import NamedTuple
 
+from .._core._masks import Causal
 from .._lib._checks import check_dtype, check_int, dtype_name, shown
 from .._lib._compat import array_namespace, device_of, is_writeable_array, resolve_namespace
 from .._lib._typing import Array, Device, DType, Namespace
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "Staged", "cache_step"]
 
-# (keys buffer, values buffer, first new token, end): an append not yet visible.
-Staged = tuple[Array, Array, int, int]
+
+class Staged(NamedTuple):
+    """An append written beyond a cache's length, not yet visible: :meth:`commit` shows it."""
+
+    cache: KVCache
+    k_buffer: Array
+    v_buffer: Array
+    start: int  # the first new token
+    end: int
+
+    def commit(self) -> None:
+        """Make the append visible: the cache's buffers and length change together."""
+        self.cache._commit(self)
+
 
 # A growing cache starts this large and doubles, so appending n tokens one by
 # one copies O(n) elements in total.
@@ -156,15 +170,17 @@ class KVCache:
         """
         xp = array_namespace(keys, values)
         with self._lock:
-            self.check(keys, values, xp=xp)
-            return self.append_checked(keys, values)
+            k_all, v_all, staged = self._stage(keys, values, xp=xp)
+            self._commit(staged)
+            return k_all, v_all
 
-    def check(self, keys: Array, values: Array, *, xp: Namespace) -> None:
-        """Raise if ``keys``/``values`` cannot be appended (nothing is written)."""
-        with self._lock:
-            self._check(keys, values, xp=xp)
+    @property
+    def lock(self) -> threading.RLock:
+        """The re-entrant lock every append holds, from its first check to its last write."""
+        return self._lock
 
     def _check(self, keys: Array, values: Array, *, xp: Namespace) -> None:
+        """Raise if ``keys``/``values`` cannot be appended (nothing is written)."""
         if xp is not self._xp:
             msg = f"expected arrays from {self._xp.__name__} like the cache, got {xp.__name__}"
             raise TypeError(msg)
@@ -201,23 +217,17 @@ class KVCache:
             )
             raise ValueError(msg)
 
-    def append_checked(self, keys: Array, values: Array) -> tuple[Array, Array]:
-        """:meth:`append` after :meth:`check` has passed."""
-        with self._lock:
-            k_all, v_all, staged = self.stage(keys, values)
-            self.commit(staged)
-            return k_all, v_all
-
-    def stage(self, keys: Array, values: Array) -> tuple[Array, Array, Staged]:
-        """Write checked tokens after the stored ones without making them visible yet.
+    def _stage(self, keys: Array, values: Array, *, xp: Namespace) -> tuple[Array, Array, Staged]:
+        """Check new tokens and write them after the stored ones, not yet visible.
 
         Returns every token as the cache would hold them after the append,
-        and a token for :meth:`commit`. Until it is committed, :attr:`length`,
+        and the append itself. Until its :meth:`Staged.commit`, :attr:`length`,
         :attr:`keys` and :attr:`values` are unchanged, so a caller can
         validate the rest of its call first and simply drop the staged
         append if that fails. Hold :attr:`lock` from stage to commit.
         """
         with self._lock:
+            self._check(keys, values, xp=xp)
             n = int(keys.shape[-2])
             start = self.length
             end = start + n
@@ -226,11 +236,11 @@ class KVCache:
                 k_buf, v_buf = self._grown(k_buf, end), self._grown(v_buf, end)
             k_buf = self._write(k_buf, start, keys)  # beyond `length`: invisible until committed
             v_buf = self._write(v_buf, start, values)
-            return k_buf[..., :end, :], v_buf[..., :end, :], (k_buf, v_buf, start, end)
+            return k_buf[..., :end, :], v_buf[..., :end, :], Staged(self, k_buf, v_buf, start, end)
 
-    def commit(self, staged: Staged) -> None:
-        """Make a :meth:`stage`-d append visible: buffers and length change together."""
-        k_buf, v_buf, start, end = staged
+    def _commit(self, staged: Staged) -> None:
+        """Make a :meth:`_stage`-d append visible: buffers and length change together."""
+        _, k_buf, v_buf, start, end = staged
         with self._lock:
             if start != self.length:
                 msg = (
@@ -239,11 +249,6 @@ class KVCache:
                 )
                 raise RuntimeError(msg)
             self._k, self._v, self.length = k_buf, v_buf, end
-
-    @property
-    def lock(self) -> threading.RLock:
-        """The re-entrant lock every append holds; hold it to stage, validate and commit."""
-        return self._lock
 
     def _write(self, buffer: Array, start: int, new: Array) -> Array:
         """Put ``new`` at token ``start``: in place, or rebuilt for immutable arrays (JAX)."""
@@ -270,3 +275,17 @@ class KVCache:
             self._k = self._empty(size, self.device)
             self._v = self._empty(size, self.device)
             self.length = 0
+
+
+def cache_step(
+    cache: KVCache, keys: Array, values: Array, *, causal: Causal, xp: Namespace
+) -> tuple[Array, Array, Causal, Staged]:
+    """Stage a layer's new keys and values (..., Hkv, n, d_head) in ``cache``; attend over all.
+
+    Returns every token's keys and values so far, the causal alignment for
+    the new queries (``True`` becomes bottom-right: they are the last rows),
+    and the staged append, for the caller to commit once its whole call has
+    succeeded, holding ``cache.lock`` throughout.
+    """
+    k_all, v_all, staged = cache._stage(keys, values, xp=xp)
+    return k_all, v_all, "bottom_right" if causal is True else causal, staged

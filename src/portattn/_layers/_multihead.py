@@ -9,50 +9,25 @@ broadcasting pairs each group of ``G`` query heads with its one KV head.
 
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
-from typing import Any
-
-import numpy as np
 
 from .._attention import solve, solve_weights
 from .._core._masks import Causal
 from .._core._problem import Problem, prepare
-from .._lib._checks import check_floating, check_same_device, dtype_name
-from .._lib._compat import array_namespace, device_of, resolve_namespace
-from .._lib._random import from_numpy_float64, standard_normal
-from .._lib._typing import Array, Device, DType, Namespace
-from ._kvcache import KVCache, Staged
-from ._positions import RopeLayout, rope_impl
-from ._torch_convert import from_torch, from_torch_weights, to_torch
+from .._lib._checks import dtype_name
+from .._lib._compat import array_namespace, device_of
+from .._lib._typing import Array, Namespace
+from ._heads import group_heads, merge_heads, split_heads, ungroup_heads
+from ._kvcache import KVCache, Staged, cache_step
+from ._mha_build import Builders
+from ._mha_inputs import check_inputs, check_layouts, layout_masks
+from ._mha_weights import check_weights
+from ._positions import RopeLayout, rope_heads
 
 __all__ = ["MultiHeadAttention"]
 
 
-def _positive(name: str, n: object) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        msg = f"expected {name} to be a positive int, got {n!r}"
-        raise ValueError(msg)
-    return n
-
-
-def _check_heads(num_heads: int, num_kv_heads: int | None) -> tuple[int, int]:
-    h = _positive("num_heads", num_heads)
-    hkv = h if num_kv_heads is None else _positive("num_kv_heads", num_kv_heads)
-    if h % hkv:
-        msg = (
-            f"expected num_kv_heads to divide num_heads (each KV head serves a group of "
-            f"query heads), got num_heads={h}, num_kv_heads={hkv}"
-        )
-        raise ValueError(msg)
-    return h, hkv
-
-
-def _shape(a: Array) -> tuple[int, ...]:
-    return tuple(int(n) for n in a.shape)
-
-
-class MultiHeadAttention:
+class MultiHeadAttention(Builders):
     """Multi-head attention ``concat_h(attention(x Wq_h, c Wk_g(h), c Wv_g(h))) Wo``.
 
     Projections are ``x @ w (+ b)``. Query head ``h`` uses columns
@@ -118,65 +93,19 @@ class MultiHeadAttention:
         rope_base: float = 10000.0,
     ) -> None:
         xp = array_namespace(wq, wk, wv, wo, bq, bk, bv, bo)
-        h, hkv = _check_heads(num_heads, num_kv_heads)
-        named = (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo))
-        for name, w in named:
-            check_floating(name, w, xp=xp)
-            if w.ndim != 2:
-                msg = f"expected {name} to be a 2-D matrix, got shape {_shape(w)}"
-                raise ValueError(msg)
-        d_model, inner = _shape(wq)
-        if inner % h:
-            msg = (
-                f"expected wq of shape (d_model, num_heads * d_head) with num_heads={h} "
-                f"dividing its {inner} columns, got shape {_shape(wq)}"
-            )
-            raise ValueError(msg)
-        d_head = inner // h
-        d_context = int(wk.shape[0])
-        want = {
-            "wk": (d_context, hkv * d_head),
-            "wv": (d_context, hkv * d_head),
-            "wo": (h * d_head, d_model),
-        }
-        for name, w in named[1:]:
-            if _shape(w) != want[name]:
-                msg = (
-                    f"expected {name} of shape {want[name]} (num_heads={h}, num_kv_heads={hkv}, "
-                    f"d_head={d_head}, d_model={d_model}), got shape {_shape(w)}"
-                )
-                raise ValueError(msg)
-        biases = (("bq", bq, h * d_head), ("bk", bk, hkv * d_head), ("bv", bv, hkv * d_head))
-        for name, b, n in (*biases, ("bo", bo, d_model)):
-            if b is None:
-                continue
-            check_floating(name, b, xp=xp)
-            if _shape(b) != (n,):
-                msg = f"expected {name} of shape ({n},), got shape {_shape(b)}"
-                raise ValueError(msg)
-        if rope is not None and (rope not in ("half", "interleaved") or d_head % 2):
-            msg = (
-                "expected rope to be None, 'half' or 'interleaved' with an even d_head, "
-                f"got rope={rope!r} with d_head={d_head}"
-            )
-            raise ValueError(msg)
-        check_same_device(
-            [
-                ("wq", wq),
-                ("wk", wk),
-                ("wv", wv),
-                ("wo", wo),
-                ("bq", bq),
-                ("bk", bk),
-                ("bv", bv),
-                ("bo", bo),
-            ]
+        sizes = check_weights(
+            {"wq": wq, "wk": wk, "wv": wv, "wo": wo},
+            {"bq": bq, "bk": bk, "bv": bv, "bo": bo},
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            rope=rope,
+            xp=xp,
         )
         self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
         self.bq, self.bk, self.bv, self.bo = bq, bk, bv, bo
-        self.num_heads, self.num_kv_heads, self.d_head = h, hkv, d_head
-        self.group_size = h // hkv
-        self.d_model, self.d_context = d_model, d_context
+        self.num_heads, self.num_kv_heads, self.d_head = sizes[:3]
+        self.group_size = self.num_heads // self.num_kv_heads
+        self.d_model, self.d_context = sizes.d_model, sizes.d_context
         self.rope: RopeLayout | None = rope
         self.rope_base = float(rope_base)
 
@@ -188,213 +117,6 @@ class MultiHeadAttention:
             f"num_kv_heads={self.num_kv_heads}, d_head={self.d_head}, bias={has_bias}, "
             f"rope={self.rope!r}, dtype={dtype_name(self.wq.dtype)})"
         )
-
-    # ----------------------------------------------------------------- construction
-
-    @classmethod
-    def random(
-        cls,
-        d_model: int,
-        num_heads: int,
-        /,
-        *,
-        num_kv_heads: int | None = None,
-        d_head: int | None = None,
-        bias: bool = False,
-        seed: int = 0,
-        rope: RopeLayout | None = None,
-        xp: Namespace | None = None,
-        dtype: DType | None = None,
-        device: Device | None = None,
-    ) -> MultiHeadAttention:
-        """Deterministic random weights, bit-identical on every backend.
-
-        One float64 draw of i.i.d. standard normals from NumPy's PCG64 seeded
-        with ``seed`` fills, in order, ``wq``, ``wk``, ``wv``, ``wo`` and (with
-        ``bias``) ``bq``, ``bk``, ``bv``, ``bo``. Each entry is scaled by
-        ``1/sqrt(fan_in)``: ``1/sqrt(d_model)`` for the input projections and
-        their biases, ``1/sqrt(H * d_head)`` for ``wo`` and ``bo``, so
-        activations stay at unit scale. Values are rounded to ``dtype`` only
-        at the end.
-
-        Parameters
-        ----------
-        d_model, num_heads : int
-            Model width and number of query heads.
-        num_kv_heads : int, optional
-            Number of key/value heads; must divide ``num_heads``. Default
-            ``num_heads``.
-        d_head : int, optional
-            Head width. Default ``d_model // num_heads``, which requires
-            ``num_heads`` to divide ``d_model``.
-        bias : bool, optional
-            Also draw the four biases.
-        seed : int, optional
-            Non-negative seed.
-        rope : {None, "half", "interleaved"}, optional
-            As in the constructor.
-        xp : namespace or module, optional
-            Array library; ``None`` means NumPy.
-        dtype : dtype, optional
-            Real floating dtype; default float32.
-        device : optional
-            Device in ``xp``'s terms.
-
-        Returns
-        -------
-        MultiHeadAttention
-
-        Raises
-        ------
-        ValueError
-            ``num_heads`` does not divide ``d_model`` and no ``d_head`` is
-            given; ``num_kv_heads`` does not divide ``num_heads``.
-
-        Examples
-        --------
-        >>> import portattn as pa
-        >>> pa.MultiHeadAttention.random(6, 3).d_head
-        2
-        """
-        ns = resolve_namespace(xp)
-        d_model = _positive("d_model", d_model)
-        h, hkv = _check_heads(num_heads, num_kv_heads)
-        if d_head is None:
-            if d_model % h:
-                msg = (
-                    f"expected num_heads to divide d_model when d_head is not given, got "
-                    f"d_model={d_model}, num_heads={h}; pass d_head= explicitly"
-                )
-                raise ValueError(msg)
-            d_head = d_model // h
-        d_head = _positive("d_head", d_head)
-        inner, kv = h * d_head, hkv * d_head
-        shapes: list[tuple[int, ...]] = [(d_model, inner), (d_model, kv), (d_model, kv)]
-        shapes.append((inner, d_model))
-        stds = [d_model**-0.5] * 3 + [inner**-0.5]
-        if bias:
-            shapes += [(inner,), (kv,), (kv,), (d_model,)]
-            stds += [d_model**-0.5] * 3 + [inner**-0.5]
-        sizes = [math.prod(s) for s in shapes]
-        flat = standard_normal((sum(sizes),), seed=seed)
-        parts = []
-        start = 0
-        for shape, size, std in zip(shapes, sizes, stds, strict=True):
-            a = np.reshape(flat[start : start + size], shape) * std
-            parts.append(from_numpy_float64(a, xp=ns, dtype=dtype, device=device))
-            start += size
-        wq, wk, wv, wo = parts[:4]
-        bq, bk, bv, bo = parts[4:] if bias else (None, None, None, None)
-        return cls(
-            wq, wk, wv, wo, num_heads=h, num_kv_heads=hkv, bq=bq, bk=bk, bv=bv, bo=bo, rope=rope
-        )
-
-    @classmethod
-    def from_torch_weights(
-        cls,
-        in_proj_weight: Array,
-        out_proj_weight: Array,
-        /,
-        *,
-        num_heads: int,
-        in_proj_bias: Array | None = None,
-        out_proj_bias: Array | None = None,
-    ) -> MultiHeadAttention:
-        """Build from ``torch.nn.MultiheadAttention``'s packed weights, in any array library.
-
-        torch computes ``x @ W.T + b`` with ``in_proj_weight`` stacking the
-        query, key and value weights as (3 * d_model, d_model); here the
-        three blocks are transposed into ``wq``, ``wk``, ``wv`` and
-        ``out_proj.weight`` into ``wo``. Works on the tensors themselves or
-        on NumPy copies of a ``state_dict`` (torch need not be installed).
-
-        Parameters
-        ----------
-        in_proj_weight : array, shape (3 * d_model, d_model)
-            torch's ``in_proj_weight``: the query, key and value weights stacked.
-        out_proj_weight : array, shape (d_model, d_model)
-            torch's ``out_proj.weight``.
-        num_heads : int
-            Number of heads; must divide ``d_model``.
-        in_proj_bias : array, shape (3 * d_model,), optional
-            torch's ``in_proj_bias``; ``None`` for a layer built with ``bias=False``.
-        out_proj_bias : array, shape (d_model,), optional
-            torch's ``out_proj.bias``; ``None`` for a layer built with ``bias=False``.
-
-        Returns
-        -------
-        MultiHeadAttention
-            With ``num_kv_heads == num_heads``; the arrays are views or
-            transposes of the inputs, in their library.
-
-        Examples
-        --------
-        >>> import numpy as np
-        >>> import portattn as pa
-        >>> w_in, w_out = np.zeros((12, 4)), np.eye(4)
-        >>> pa.MultiHeadAttention.from_torch_weights(w_in, w_out, num_heads=2).d_head
-        2
-        """
-        arrays, options = from_torch_weights(
-            in_proj_weight,
-            out_proj_weight,
-            num_heads=num_heads,
-            in_proj_bias=in_proj_bias,
-            out_proj_bias=out_proj_bias,
-        )
-        return cls(*arrays, **options)
-
-    @classmethod
-    def from_torch(
-        cls,
-        module: Any,
-        /,
-        *,
-        xp: Namespace | None = None,
-        dtype: DType | None = None,
-        device: Device | None = None,
-    ) -> MultiHeadAttention:
-        """Copy the weights of a ``torch.nn.MultiheadAttention`` into ``xp`` arrays.
-
-        Parameters
-        ----------
-        module : torch.nn.MultiheadAttention
-            Without ``add_bias_kv`` or ``add_zero_attn`` (they have no
-            counterpart here); ``kdim == vdim`` when they differ from
-            ``embed_dim`` (one context feeds keys and values).
-        xp : namespace or module, optional
-            Target library; ``None`` means NumPy.
-        dtype : dtype, optional
-            Target dtype; default: the module's precision (float32 stays
-            float32, float64 stays float64).
-        device : optional
-            Target device.
-
-        Returns
-        -------
-        MultiHeadAttention
-            Call it with ``batch_first`` layout, (..., L, d_model).
-
-        Raises
-        ------
-        ValueError
-            A module using ``add_bias_kv``, ``add_zero_attn``, or
-            ``kdim != vdim``.
-        """
-        arrays, options = from_torch(module, xp=xp, dtype=dtype, device=device)
-        return cls(*arrays, **options)
-
-    def to_torch(self) -> Any:
-        """A ``torch.nn.MultiheadAttention`` (``batch_first=True``, CPU) holding these weights.
-
-        Requires ``num_kv_heads == num_heads`` (torch's module has no GQA) and
-        no RoPE. Missing biases become zeros when only some are present.
-
-        Returns
-        -------
-        torch.nn.MultiheadAttention
-        """
-        return to_torch(self)
 
     def new_cache(
         self, *, batch_shape: tuple[int, ...] = (), capacity: int | None = None
@@ -442,105 +164,28 @@ class MultiHeadAttention:
         before anything is computed; new tokens are only *staged* in the
         cache, for the caller to commit once the whole call succeeded.
         """
-        check_floating("x", x, xp=xp)
-        if x.ndim < 2 or int(x.shape[-1]) != self.d_model:
-            msg = f"expected x of shape (..., Lq, d_model={self.d_model}), got shape {_shape(x)}"
-            raise ValueError(msg)
-        if context is None:
-            if self.d_context != self.d_model:
-                msg = (
-                    f"expected a context (keys and values have width d_context={self.d_context} "
-                    f"!= d_model={self.d_model}), got context=None"
-                )
-                raise ValueError(msg)
-            src = x
-        else:
-            check_floating("context", context, xp=xp)
-            if context.ndim < 2 or int(context.shape[-1]) != self.d_context:
-                msg = (
-                    f"expected context of shape (..., Lk, d_context={self.d_context}), "
-                    f"got shape {_shape(context)}"
-                )
-                raise ValueError(msg)
-            if cache is not None:
-                msg = (
-                    "expected cache=None with a context: the KV cache serves causal self-attention"
-                )
-                raise ValueError(msg)
-            if self.rope is not None:
-                msg = (
-                    "expected context=None with rope: RoPE rotates by positions within one "
-                    "sequence, and a cross-attention context has no shared positions"
-                )
-                raise ValueError(msg)
-            src = context
-        if positions is not None and self.rope is None:
-            msg = "expected positions=None for a MultiHeadAttention built with rope=None"
-            raise ValueError(msg)
-        check_same_device([("weights", self.wq), ("x", x), ("context", context)])
-        if cache is not None and not isinstance(cache, KVCache):
-            msg = f"expected cache to be a KVCache or None, got {type(cache).__name__}"
-            raise TypeError(msg)
-        mask_heads = self._check_layouts(x, mask, key_lengths)
-
-        _h, hkv, g, dh = self.num_heads, self.num_kv_heads, self.group_size, self.d_head
-        lq = int(x.shape[-2])
-        q = x @ self.wq  # (..., Lq, H*dh)
-        k = src @ self.wk  # (..., Lk, Hkv*dh)
-        v = src @ self.wv
-        if self.bq is not None:
-            q = q + self.bq
-        if self.bk is not None:
-            k = k + self.bk
-        if self.bv is not None:
-            v = v + self.bv
-        nb = q.ndim - 2
-        q = xp.reshape(q, (*q.shape[:-1], hkv, g, dh))  # (..., Lq, Hkv, G, dh)
-        q = xp.permute_dims(q, (*range(nb), nb + 1, nb + 2, nb, nb + 3))  # (..., Hkv, G, Lq, dh)
-        nk = k.ndim - 2
-        kv_axes = (*range(nk), nk + 1, nk, nk + 2)
-        k = xp.permute_dims(xp.reshape(k, (*k.shape[:-1], hkv, dh)), kv_axes)  # (..., Hkv, Lk, dh)
-        v = xp.permute_dims(xp.reshape(v, (*v.shape[:-1], hkv, dh)), kv_axes)
-
+        src = check_inputs(self, x, context, positions=positions, cache=cache, xp=xp)
+        heads_axis = check_layouts(x, mask, key_lengths, num_heads=self.num_heads)
+        q = split_heads(self._project(x, self.wq, self.bq), self.num_heads, xp=xp)
+        k = split_heads(self._project(src, self.wk, self.bk), self.num_kv_heads, xp=xp)
+        v = split_heads(self._project(src, self.wv, self.bv), self.num_kv_heads, xp=xp)
+        # q (..., H, Lq, dh); k, v (..., Hkv, Lk, dh)
         if self.rope is not None:
-            if positions is None:
-                offset = 0 if cache is None else cache.length
-                positions = xp.arange(offset, offset + lq, dtype=xp.int64, device=device_of(x))
-            elif positions.ndim < 1 or int(positions.shape[-1]) != lq:
-                msg = (
-                    f"expected positions of shape (..., Lq={lq}) like x {_shape(x)}, "
-                    f"got shape {_shape(positions)}"
-                )
-                raise ValueError(msg)
-            lead = tuple(positions.shape[:-1])
-            pos_q = xp.reshape(positions, (*lead, 1, 1, lq))  # (..., 1, 1, Lq)
-            pos_k = xp.reshape(positions, (*lead, 1, lq))  # (..., 1, Lq)
-            q = rope_impl(q, pos_q, layout=self.rope, base=self.rope_base, xp=xp)
-            k = rope_impl(k, pos_k, layout=self.rope, base=self.rope_base, xp=xp)
-
+            offset = 0 if cache is None else cache.length
+            q, k = rope_heads(
+                q, k, positions, offset=offset, layout=self.rope, base=self.rope_base, xp=xp
+            )
         staged = None
-        if cache is not None:
-            cache.check(k, v, xp=xp)
-            k, v, staged = cache.stage(k, v)  # (..., Hkv, Lk, dh), Lk = all tokens so far
-            if causal is True:
-                causal = "bottom_right"  # the new queries are the last rows of the sequence
-        k = xp.expand_dims(k, axis=-3)  # (..., Hkv, 1, Lk, dh)
-        v = xp.expand_dims(v, axis=-3)
-
-        if mask is not None:
-            lq_lk = tuple(mask.shape[-2:])
-            if mask_heads is None:  # (..., Lq, Lk): every head shares it
-                mask = xp.reshape(mask, (*mask.shape[:-2], 1, 1, *lq_lk))
-            elif mask_heads == 1:  # torch / Hugging Face (..., 1, Lq, Lk)
-                mask = xp.reshape(mask, (*mask.shape[:-3], 1, 1, *lq_lk))
-            else:  # (..., H, Lq, Lk): head h is query head h, in group h // G of KV head
-                mask = xp.reshape(mask, (*mask.shape[:-3], hkv, g, *lq_lk))
-        if key_lengths is not None:
-            key_lengths = xp.reshape(key_lengths, (*key_lengths.shape, 1, 1))
+        if cache is not None:  # k, v (..., Hkv, Lk, dh), Lk = all tokens so far
+            k, v, causal, staged = cache_step(cache, k, v, causal=causal, xp=xp)
+        q, k, v_or_none = group_heads(q, k, v if values else None, xp=xp)
+        mask, key_lengths = layout_masks(
+            mask, key_lengths, heads_axis=heads_axis, num_kv_heads=self.num_kv_heads, xp=xp
+        )
         p = prepare(
             q,
             k,
-            v if values else None,
+            v_or_none,
             mask=mask,
             causal=causal,
             window=window,
@@ -549,42 +194,10 @@ class MultiHeadAttention:
         )
         return p, staged
 
-    def _check_layouts(self, x: Array, mask: Array | None, key_lengths: Array | None) -> int | None:
-        """Refuse masks and lengths that would silently enlarge the batch; find a heads axis.
-
-        Returns the size of the mask's heads axis (1 or H) when it has the
-        torch / Hugging Face layout (*batch, 1 or H, Lq, Lk), else None.
-        """
-        nb = x.ndim - 2
-        batch = _shape(x)[:-2]
-        heads = None
-        if mask is not None:
-            shape = _shape(mask)
-            if mask.ndim < 2 or mask.ndim > nb + 3:
-                msg = (
-                    f"expected mask of shape (..., Lq, Lk) for x of shape {_shape(x)}, or the "
-                    f"torch / Hugging Face layout (*batch, 1 or num_heads={self.num_heads}, Lq, "
-                    f"Lk), with no more batch axes than x has; got mask shape {shape}"
-                )
-                raise ValueError(msg)
-            if mask.ndim == nb + 3:
-                if shape[-3] not in (1, self.num_heads):
-                    msg = (
-                        f"expected a mask with one axis more than x {_shape(x)} to be in the "
-                        f"torch / Hugging Face layout (*batch, 1 or num_heads={self.num_heads}, "
-                        f"Lq, Lk), got mask shape {shape} with {shape[-3]} on the heads axis"
-                    )
-                    raise ValueError(msg)
-                heads = shape[-3]
-        if key_lengths is not None and key_lengths.ndim > nb:
-            msg = (
-                f"expected key_lengths with one length per sequence, broadcastable to x's batch "
-                f"shape {batch}, got shape {_shape(key_lengths)}"
-            )
-            if key_lengths.ndim == nb + 1 and _shape(key_lengths)[-1] == 1:
-                msg += f"; pass key_lengths[..., 0] (shape {_shape(key_lengths)[:-1]})"
-            raise ValueError(msg)
-        return heads
+    @staticmethod
+    def _project(t: Array, w: Array, b: Array | None) -> Array:
+        """``t @ w (+ b)``: one projection, token-major (..., L, heads * dh)."""
+        return t @ w if b is None else t @ w + b
 
     def __call__(
         self,
@@ -653,18 +266,11 @@ class MultiHeadAttention:
                 xp=xp,
             )
             out = solve(p, xp=xp)  # (..., Hkv, G, Lq, dh)
-            if cache is not None and staged is not None:
-                cache.commit(staged)
+            if staged is not None:
+                staged.commit()
         assert not isinstance(out, tuple)
-        nb = out.ndim - 4
-        out = xp.permute_dims(
-            out, (*range(nb), nb + 2, nb, nb + 1, nb + 3)
-        )  # (..., Lq, Hkv, G, dh)
-        out = xp.reshape(out, (*out.shape[:-3], self.num_heads * self.d_head))  # (..., Lq, H*dh)
-        y = out @ self.wo  # (..., Lq, d_model)
-        if self.bo is not None:
-            y = y + self.bo
-        return y
+        out = merge_heads(ungroup_heads(out, xp=xp), xp=xp)  # (..., Lq, H*dh)
+        return self._project(out, self.wo, self.bo)  # (..., Lq, d_model)
 
     def weights(
         self,
@@ -701,5 +307,4 @@ class MultiHeadAttention:
             values=False,
             xp=xp,
         )
-        w = solve_weights(p, xp=xp)  # (..., Hkv, G, Lq, Lk)
-        return xp.reshape(w, (*w.shape[:-4], self.num_heads, *w.shape[-2:]))  # (..., H, Lq, Lk)
+        return ungroup_heads(solve_weights(p, xp=xp), xp=xp)  # (..., H, Lq, Lk)

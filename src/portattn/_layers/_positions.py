@@ -30,7 +30,7 @@ from .._lib._compat import array_namespace, device_of, resolve_namespace
 from .._lib._precision import compute_dtype, narrow
 from .._lib._typing import Array, Device, DType, Namespace
 
-__all__ = ["RopeLayout", "apply_rope", "rope_positions", "sinusoidal_encoding"]
+__all__ = ["RopeLayout", "apply_rope", "rope_heads", "rope_positions", "sinusoidal_encoding"]
 
 RopeLayout = Literal["half", "interleaved"]
 _LAYOUTS = ("half", "interleaved")
@@ -282,3 +282,29 @@ def rope_impl(
         out = xp.stack((out_re, out_im), axis=-1)
         out = xp.reshape(out, (*out.shape[:-2], d))
     return narrow(out, x.dtype, xp=xp)
+
+
+def rope_heads(
+    q: Array,
+    k: Array,
+    positions: Array | None,
+    *,
+    offset: int,
+    layout: str,
+    base: float,
+    xp: Namespace,
+) -> tuple[Array, Array]:
+    """RoPE on head-major queries (..., H, L, d) and keys (..., Hkv, L, d) of one sequence.
+
+    ``positions`` (..., L), checked by the caller, are the tokens'
+    positions, shared by every head; ``None`` means ``offset, ...,
+    offset + L - 1`` (``offset`` is the number of tokens already in a KV
+    cache).
+    """
+    length = int(q.shape[-2])
+    if positions is None:
+        positions = xp.arange(offset, offset + length, dtype=xp.int64, device=device_of(q))
+    per_head = xp.reshape(positions, (*positions.shape[:-1], 1, length))  # (..., 1, L)
+    q = rope_impl(q, per_head, layout=layout, base=base, xp=xp)
+    k = rope_impl(k, per_head, layout=layout, base=base, xp=xp)
+    return q, k
