@@ -7,6 +7,7 @@ caller's library, dtype and device.
 
 from __future__ import annotations
 
+from . import mods as mods  # ready-made mods: pa.mods.causal, pa.mods.alibi(...)
 from ._attention import attention, attention_weights
 from ._core._block_mask import BlockMask, create_block_mask
 from ._core._masks import causal_mask, window_mask

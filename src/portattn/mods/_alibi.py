@@ -1,0 +1,104 @@
+"""ALiBi (Press et al., 2022): a per-head linear penalty on distance, instead of positions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._core._mods import ScoreMod
+from .._lib._checks import check_int
+from .._lib._compat import array_namespace, resolve_namespace
+from .._lib._typing import Array, Device, DType, Namespace
+from ._captured import captured
+
+__all__ = ["alibi", "alibi_slopes"]
+
+
+def _geometric(n: int) -> list[float]:
+    start = 2.0 ** (-8.0 / n)
+    return [start ** (i + 1) for i in range(n)]
+
+
+def alibi_slopes(
+    num_heads: int,
+    /,
+    *,
+    xp: Namespace | None = None,
+    device: Device = None,
+    dtype: DType = None,
+) -> Array:
+    """The paper's slopes: ``2**(-8/H)``, its powers, interleaved when ``H`` is not a power of 2.
+
+    Parameters
+    ----------
+    num_heads : int
+        Number of (query) heads ``H``.
+    xp : namespace, optional
+        Library of the result; NumPy by default.
+    device : optional
+        Device of the result.
+    dtype : dtype, optional
+        Floating dtype of the result; float32 by default.
+
+    Returns
+    -------
+    array
+        Shape ``(H,)``: the slope of each head, largest first.
+
+    Examples
+    --------
+    >>> from portattn import mods
+    >>> mods.alibi_slopes(4).tolist()
+    [0.25, 0.0625, 0.015625, 0.00390625]
+    """
+    n = check_int("num_heads", num_heads, minimum=1)
+    base = 2 ** math.floor(math.log2(n))
+    slopes = _geometric(base) + _geometric(2 * base)[0::2][: n - base]
+    ns = resolve_namespace(xp)
+    out = ns.asarray(np.asarray(slopes, dtype=np.float64), device=device)
+    return ns.astype(out, ns.float32 if dtype is None else dtype)
+
+
+def alibi(slopes: Array, /) -> ScoreMod:
+    """A ``score_mod`` subtracting ``slopes[h] * |i - j|`` from the score of query ``i``, key ``j``.
+
+    Causal ALiBi is this with a causal mask; bidirectional encoders use the
+    symmetric distance as it stands. The slopes are captured, not copied: a
+    learnable array (a ``requires_grad`` tensor, a traced JAX value) receives
+    its gradient through attention.
+
+    Parameters
+    ----------
+    slopes : array
+        Real floating array of shape ``(H,)``, one slope per query head
+        (:func:`alibi_slopes` gives the paper's), in the library the
+        attention computes in.
+
+    Returns
+    -------
+    callable
+        The ``score_mod``; it also serves torch's ``flex_attention``.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from portattn import mods
+    >>> mod = mods.alibi(mods.alibi_slopes(2, xp=xp))
+    >>> q = xp.reshape(xp.arange(3), (1, 1, 3, 1))
+    >>> kv = xp.reshape(xp.arange(3), (1, 1, 1, 3))
+    >>> h = xp.reshape(xp.arange(2), (1, 2, 1, 1))
+    >>> mod(xp.zeros((1, 2, 3, 3)), None, h, q, kv)[0, 0, ...]
+    Array([[ 0.    , -0.0625, -0.125 ],
+           [-0.0625,  0.    , -0.0625],
+           [-0.125 , -0.0625,  0.    ]], dtype=array_api_strict.float64)
+    """
+    per_head, _ = captured("slopes", slopes, kind="real floating", ranks=(1,))
+
+    def alibi_bias(score: Array, b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
+        xp = array_namespace(score)
+        # Cast the distance, not the product: NumPy would widen float32 * int64 to float64.
+        distance = xp.astype(abs(q_idx - kv_idx), score.dtype)
+        return score - per_head[h] * distance
+
+    return alibi_bias

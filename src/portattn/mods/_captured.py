@@ -1,0 +1,25 @@
+"""Checks for the arrays a ready-made mod captures (ids, lengths, slopes, tables)."""
+
+from __future__ import annotations
+
+from .._lib._checks import check_array, dtype_name, has_kind
+from .._lib._compat import array_namespace
+from .._lib._typing import Array, Namespace
+
+__all__ = ["captured"]
+
+
+def captured(name: str, x: object, *, kind: str, ranks: tuple[int, ...]) -> tuple[Array, Namespace]:
+    """``x`` checked: an array of ``kind`` ("integral", "real floating") and a rank in ``ranks``."""
+    check_array(name, x)
+    xp = array_namespace(x)
+    arr: Array = x
+    if not has_kind(arr.dtype, kind, xp=xp):
+        want = "an integer" if kind == "integral" else "a real floating"
+        msg = f"expected {name} to be {want} array, got {dtype_name(arr.dtype)}"
+        raise TypeError(msg)
+    if arr.ndim not in ranks:
+        shapes = " or ".join(f"{r}-D" for r in ranks)
+        msg = f"expected {name} to be {shapes}, got shape {tuple(arr.shape)}"
+        raise ValueError(msg)
+    return arr, xp

@@ -1,0 +1,285 @@
+"""The ready-made mods of ``portattn.mods``: values against dense float64 formulas, torch's
+own flex_attention, and transformers' own T5 buckets and ALiBi slopes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import portattn as pa
+from portattn import mods
+from portattn._core._mods import apply_mask_mod, apply_score_mod, tile_indices
+from portattn.testing import to_numpy
+
+from conftest import Backend
+
+LQ, LK, H, B = 37, 41, 3, 2
+I = np.arange(LQ)[:, None]  # noqa: E741
+J = np.arange(LK)[None, :]
+DOC = np.repeat(np.arange(6), [5, 9, 1, 13, 8, 5])  # 41 positions, ragged documents
+
+
+def mask_cases(backend: Backend) -> list[tuple[str, object, np.ndarray]]:
+    """(name, mask_mod on ``backend``, the (B, H, LQ, LK) pairs it allows, by formula)."""
+    ids = backend.asarray(DOC)
+    rows = np.stack([DOC, np.roll(DOC, 3)])
+    per_row = np.array([4, 30])
+    cases = [
+        ("causal", mods.causal, I >= J),
+        ("sliding_window(5)", mods.sliding_window(5), (I - J <= 5) & (I >= J)),
+        ("sliding_window(2, 3)", mods.sliding_window(2, 3), (I - J <= 2) & (J - I <= 3)),
+        ("chunked(8)", mods.chunked(8), I // 8 == J // 8),
+        ("documents", mods.documents(ids), DOC[:LQ][:, None] == DOC[None, :]),
+        (
+            "documents (B, L)",
+            mods.documents(backend.asarray(rows)),
+            rows[:, None, :LQ, None] == rows[:, None, None, :],
+        ),
+        (
+            "documents kv_ids",
+            mods.documents(ids[:LQ], backend.asarray(DOC[::-1].copy())),
+            DOC[:LQ][:, None] == DOC[::-1][None, :],
+        ),
+        ("prefix_lm(10)", mods.prefix_lm(10), (J < 10) | (I >= J)),
+        (
+            "prefix_lm per row",
+            mods.prefix_lm(backend.asarray(per_row)),
+            (per_row[:, None, None, None] > J) | (I >= J),
+        ),
+        (
+            "and(causal, documents)",
+            pa.and_masks(mods.causal, mods.documents(ids)),
+            (I >= J) & (DOC[:LQ][:, None] == DOC[None, :]),
+        ),
+    ]
+    return [(n, m, np.broadcast_to(w, (B, H, LQ, LK))) for n, m, w in cases]
+
+
+def test_mask_mods_equal_their_formulas(backend: Backend):
+    idx = tile_indices(
+        range(B), range(H), range(LQ), range(LK), xp=backend.xp, device=backend.device
+    )
+    for name, mod, want in mask_cases(backend):
+        got = apply_mask_mod(mod, idx, xp=backend.xp)
+        got = np.broadcast_to(to_numpy(got), want.shape)
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+def test_mask_mods_on_a_tile_see_absolute_positions(backend: Backend):
+    """A tile in the middle of the grid: the mod must read positions, not tile offsets."""
+    idx = tile_indices(
+        range(1, 2), range(2, 3), range(20, 30), range(5, 40), xp=backend.xp, device=backend.device
+    )
+    for name, mod, want in mask_cases(backend):
+        got = to_numpy(apply_mask_mod(mod, idx, xp=backend.xp))
+        np.testing.assert_array_equal(
+            np.broadcast_to(got, (1, 1, 10, 35)), want[1:2, 2:3, 20:30, 5:40], err_msg=name
+        )
+
+
+def hf_t5_buckets(
+    relative: np.ndarray, *, bidirectional: bool, num_buckets: int, max_distance: int
+) -> np.ndarray:
+    torch = pytest.importorskip("torch")
+    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    got = t5.T5Attention._relative_position_bucket(
+        torch.from_numpy(relative),
+        bidirectional=bidirectional,
+        num_buckets=num_buckets,
+        max_distance=max_distance,
+    )
+    return got.numpy()
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize(("num_buckets", "max_distance"), [(32, 128), (16, 40), (8, 9)])
+def test_t5_buckets_equal_transformers(bidirectional, num_buckets, max_distance):
+    relative = np.arange(-3000, 3001)
+    want = hf_t5_buckets(
+        relative, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+    )
+    got = mods.t5_buckets(
+        relative, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional
+    )
+    np.testing.assert_array_equal(got, want)
+
+
+def test_alibi_slopes_equal_transformers_bloom():
+    torch = pytest.importorskip("torch")
+    bloom = pytest.importorskip("transformers.models.bloom.modeling_bloom")
+    for heads in (1, 2, 3, 4, 6, 8, 12, 16, 20, 32):  # BLOOM rounds its powers in float32
+        ones = torch.ones(1, 2)
+        alibi = bloom.build_alibi_tensor(
+            ones, heads, torch.float32
+        )  # (heads, 1, 2): slope * position
+        np.testing.assert_allclose(
+            mods.alibi_slopes(heads), alibi[:, 0, 1].numpy(), rtol=1e-6, err_msg=str(heads)
+        )
+
+
+def score_cases(backend: Backend, rng: np.random.Generator) -> list[tuple[str, object, object]]:
+    """(name, score_mod on ``backend``, the float64 formula of (score) -> modified score)."""
+    slopes = rng.uniform(0.01, 0.5, H)
+    table = rng.standard_normal((32, H))
+    table_uni = rng.standard_normal((16, H))
+    dist = np.abs(I - J)
+    bucket = hf_t5_buckets(J - I, bidirectional=True, num_buckets=32, max_distance=128)
+    bucket_uni = hf_t5_buckets(J - I, bidirectional=False, num_buckets=16, max_distance=20)
+    return [
+        ("alibi", mods.alibi(backend.asarray(slopes)), lambda s: s - slopes[:, None, None] * dist),
+        ("softcap(3)", mods.softcap(3.0), lambda s: 3.0 * np.tanh(s / 3.0)),
+        (
+            "t5 encoder",
+            mods.t5_relative_bias(backend.asarray(table)),
+            lambda s: s + np.moveaxis(table[bucket], -1, 0),
+        ),
+        (
+            "t5 decoder",
+            mods.t5_relative_bias(backend.asarray(table_uni), bidirectional=False, max_distance=20),
+            lambda s: s + np.moveaxis(table_uni[bucket_uni], -1, 0),
+        ),
+    ]
+
+
+def test_score_mods_equal_their_formulas(backend: Backend, rng):
+    xp = backend.xp
+    score = rng.standard_normal((B, H, LQ, LK)) * 4
+    idx = tile_indices(range(B), range(H), range(LQ), range(LK), xp=xp, device=backend.device)
+    for name, mod, formula in score_cases(backend, rng):
+        for dtype in (xp.float64, xp.float32):
+            got = apply_score_mod(mod, backend.asarray(score, dtype), idx, xp=xp)
+            assert got.dtype == dtype, name
+            tol = 1e-12 if dtype == xp.float64 else 1e-5
+            np.testing.assert_allclose(
+                to_numpy(got), formula(score), rtol=tol, atol=tol, err_msg=name
+            )
+
+
+def test_alibi_keeps_float32_on_numpy():
+    """The distance is cast before the product: NumPy would otherwise compute in float64."""
+    mod = mods.alibi(mods.alibi_slopes(4))
+    b, h, q, kv = tile_indices(range(1), range(4), range(8), range(8), xp=pa_numpy(), device=None)
+    out = mod(np.zeros((1, 4, 8, 8), dtype=np.float32), b, h, q, kv)
+    assert out.dtype == np.float32
+
+
+def pa_numpy():
+    from portattn._lib._compat import resolve_namespace
+
+    return resolve_namespace(None)
+
+
+def test_captured_tables_receive_gradients():
+    torch = pytest.importorskip("torch")
+    slopes = torch.tensor([0.5, 0.25], dtype=torch.float64, requires_grad=True)
+    table = torch.zeros(32, 2, dtype=torch.float64, requires_grad=True)
+    idx = tile_indices(range(1), range(2), range(4), range(4), xp=pa_torch(), device="cpu")
+    s = torch.zeros(1, 2, 4, 4, dtype=torch.float64)
+    out = mods.t5_relative_bias(table)(mods.alibi(slopes)(s, *idx), *idx)
+    out.sum().backward()
+    dist = np.abs(np.arange(4)[:, None] - np.arange(4)[None, :])
+    np.testing.assert_allclose(slopes.grad.numpy(), [-dist.sum()] * 2)
+    bucket = mods.t5_buckets(
+        np.arange(4)[None, :] - np.arange(4)[:, None],
+        num_buckets=32,
+        max_distance=128,
+        bidirectional=True,
+    )
+    want = np.bincount(bucket.ravel(), minlength=32)
+    np.testing.assert_array_equal(table.grad.numpy(), np.stack([want, want], axis=1))
+
+
+def pa_torch():
+    import torch
+
+    from portattn._lib._compat import resolve_namespace
+
+    return resolve_namespace(torch)
+
+
+def dense_attention(q, k, v, allowed, score_fn):
+    """Float64 attention by formula: scores, the score formula, the mask, softmax."""
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    s = np.where(allowed, score_fn(s), -np.inf)
+    s = s - s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    return (p / p.sum(axis=-1, keepdims=True)) @ v
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")
+def test_mods_serve_torch_flex_attention(rng):
+    """Every ready-made mod runs unchanged in torch's own flex_attention and gives the formula."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.attention import flex_attention as fa
+
+    from conftest import get_backend
+
+    on_torch = get_backend("torch")
+    q, k, v = (rng.standard_normal((B, H, n, 16)) for n in (LQ, LK, LK))
+    tq, tk, tv = (torch.from_numpy(a).float() for a in (q, k, v))
+    masks = mask_cases(on_torch)
+    for (name, mod, allowed), (sname, smod, formula) in zip(
+        masks, score_cases(on_torch, rng) * 3, strict=False
+    ):
+        block = fa.create_block_mask(mod, B, H, LQ, LK, device="cpu", BLOCK_SIZE=16)
+        with torch.no_grad():
+            got = fa.flex_attention(tq, tk, tv, score_mod=smod, block_mask=block)
+        want = dense_attention(q, k, v, allowed, formula)
+        np.testing.assert_allclose(
+            got.numpy(), want, rtol=2e-5, atol=2e-5, err_msg=f"{name} + {sname}"
+        )
+
+
+def test_errors_name_what_was_expected_and_got():
+    with pytest.raises(ValueError, match="expected left to be a non-negative int, got -1"):
+        mods.sliding_window(-1)
+    with pytest.raises(ValueError, match="expected chunk_size to be a positive int, got 0"):
+        mods.chunked(0)
+    with pytest.raises(TypeError, match="expected ids to be an integer array, got float64"):
+        mods.documents(np.zeros(4))
+    with pytest.raises(TypeError, match=r"expected ids to be an array, got \[0, 0, 1\]"):
+        mods.documents([0, 0, 1])
+    with pytest.raises(ValueError, match="expected kv_ids to be 2-D, got shape"):
+        mods.documents(np.zeros((2, 4), dtype=int), np.zeros(4, dtype=int))
+    with pytest.raises(ValueError, match="as many batch rows as ids, got 3 and 2"):
+        mods.documents(np.zeros((2, 4), dtype=int), np.zeros((3, 4), dtype=int))
+    with pytest.raises(
+        ValueError, match="expected prefix to be a non-negative int or an integer array, got True"
+    ):
+        mods.prefix_lm(True)
+    with pytest.raises(ValueError, match="expected prefix to be 1-D"):
+        mods.prefix_lm(np.zeros((2, 2), dtype=int))
+    with pytest.raises(ValueError, match="expected cap to be a finite real number > 0"):
+        mods.softcap(0.0)
+    with pytest.raises(TypeError, match="expected slopes to be a real floating array, got int64"):
+        mods.alibi(np.arange(3))
+    with pytest.raises(ValueError, match="expected num_heads to be a positive int, got 0"):
+        mods.alibi_slopes(0)
+    with pytest.raises(ValueError, match="expected table to be 2-D"):
+        mods.t5_relative_bias(np.zeros(32))
+    with pytest.raises(ValueError, match="at least 4 buckets"):
+        mods.t5_relative_bias(np.zeros((2, 1)))
+    with pytest.raises(ValueError, match="expected bidirectional to be True or False"):
+        mods.t5_relative_bias(np.zeros((32, 1)), bidirectional="yes")  # type: ignore[arg-type]
+
+
+def test_block_masks_of_ready_made_mods_equal_brute_force():
+    """create_block_mask over each mod equals the tiles read off the formula."""
+    from conftest import get_backend
+
+    for name, mod, allowed in mask_cases(get_backend("numpy")):
+        bm = pa.create_block_mask(mod, B, H, LQ, LK, block_size=8)
+        for i in range(bm.num_blocks[0]):
+            for j in range(bm.num_blocks[1]):
+                tile = allowed[:, :, i * 8 : (i + 1) * 8, j * 8 : (j + 1) * 8]
+                for b in range(B):
+                    for h in range(H):
+                        t = tile[b, h]
+                        want = (
+                            pa.BlockMask.FULL
+                            if t.all()
+                            else pa.BlockMask.PARTIAL
+                            if t.any()
+                            else pa.BlockMask.EMPTY
+                        )
+                        assert bm.tile_kind(i, j, b=b, h=h) == want, name
