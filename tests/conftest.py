@@ -170,3 +170,38 @@ def option_arrays(
         "ql": backend.asarray(np.array([[lq], [3]])),
     }
     return {k: table.get(v, v) if isinstance(v, str) else v for k, v in options.items()}
+
+
+def make_qkv(
+    rng: np.random.Generator,
+    /,
+    lq: int,
+    lk: int | None = None,
+    *,
+    d: int,
+    dv: int | None = None,
+    batch: tuple[int, ...] = (),
+    backend: Backend | None = None,
+    dtype: Any = None,
+    draw_dtype: Any = np.float64,
+) -> tuple[Any, Any, Any]:
+    """Query (*batch, lq, d), key (*batch, lk, d) and value (*batch, lk, dv), drawn in that order.
+
+    Standard normals from ``rng`` (``draw_dtype`` is NumPy's; ``lk`` defaults
+    to ``lq``, ``dv`` to ``d``), as NumPy arrays, or moved to ``backend`` in
+    ``dtype`` when one is given. The one q/k/v builder of the suite: drawing
+    in one fixed order keeps every test's numbers the same wherever it lives.
+    """
+    lk = lq if lk is None else lk
+    dv = d if dv is None else dv
+    shapes = ((*batch, lq, d), (*batch, lk, d), (*batch, lk, dv))
+    drawn = tuple(rng.standard_normal(s, dtype=draw_dtype) for s in shapes)
+    if backend is None:
+        return drawn  # type: ignore[return-value]
+    return tuple(backend.asarray(a, dtype) for a in drawn)  # type: ignore[return-value]
+
+
+def impls_for(backend: Backend) -> tuple[str, ...]:
+    """The generic impls, and "native" where the library has a kernel of its own (torch, JAX)."""
+    generic = ("materialize", "blockwise")
+    return (*generic, "native") if backend.name in ("torch", "jax") else generic

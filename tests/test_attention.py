@@ -9,7 +9,7 @@ import portattn as pa
 from portattn._lib import _compat
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, assert_close_on
+from conftest import Backend, assert_close_on, impls_for, make_qkv
 from reference import attention_ref
 
 # Every semantic test runs on the materialising path and on the blockwise
@@ -20,14 +20,6 @@ IMPLS = [
 ]
 
 LQ, LK, D, DV = 7, 9, 5, 6
-
-
-def _qkv(rng, lq=LQ, lk=LK, batch=(2, 3)):
-    return (
-        rng.standard_normal((*batch, lq, D)),
-        rng.standard_normal((*batch, lk, D)),
-        rng.standard_normal((*batch, lk, DV)),
-    )
 
 
 def _options(rng, name):
@@ -93,7 +85,7 @@ def _on(backend: Backend, kwargs: dict, dtype=None) -> dict:
 @pytest.mark.parametrize("name", OPTION_NAMES)
 def test_matches_float64_reference(backend: Backend, rng, impl, name):
     opts, lq, lk = _options(rng, name)
-    q, k, v = _qkv(rng, lq, lk)
+    q, k, v = make_qkv(rng, lq, lk, d=D, dv=DV, batch=(2, 3))
     for dtype in backend.float_dtypes:
         got = pa.attention(
             backend.asarray(q, dtype),
@@ -109,7 +101,7 @@ def test_matches_float64_reference(backend: Backend, rng, impl, name):
 @pytest.mark.parametrize("name", OPTION_NAMES)
 def test_weights_match_reference(backend: Backend, rng, name):
     opts, lq, lk = _options(rng, name)
-    q, k, _ = _qkv(rng, lq, lk)
+    q, k, _ = make_qkv(rng, lq, lk, d=D, dv=DV, batch=(2, 3))
     got = pa.attention_weights(backend.asarray(q), backend.asarray(k), **_on(backend, opts))
     _, want = attention_ref(q, k, np.zeros((*k.shape[:-1], 1)), **opts)
     assert_close(got, want, rtol=1e-12, xp=backend.xp, dtype=backend.xp.float64)
@@ -129,7 +121,7 @@ def test_leading_dimensions_broadcast(backend: Backend, rng, impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_fully_masked_rows_give_zero_without_warnings(backend: Backend, rng, impl):
-    q, k, v = _qkv(rng)
+    q, k, v = make_qkv(rng, LQ, LK, d=D, dv=DV, batch=(2, 3))
     mask = rng.random((LQ, LK)) < 0.5
     mask[2] = False
     bias = np.zeros((LQ, LK))
@@ -189,7 +181,7 @@ def test_large_finite_scores_do_not_overflow(backend: Backend, rng, impl, causal
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_inputs_are_not_mutated(backend: Backend, rng, impl):
-    q, k, v = _qkv(rng)
+    q, k, v = make_qkv(rng, LQ, LK, d=D, dv=DV, batch=(2, 3))
     mask = rng.random((LQ, LK)) < 0.8
     bias = rng.standard_normal((LQ, LK))
     arrays = [backend.asarray(a) for a in (q, k, v, mask, bias)]
@@ -208,7 +200,9 @@ def test_inputs_are_not_mutated(backend: Backend, rng, impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_same_call_twice_is_bit_identical(backend: Backend, rng, impl):
-    args = [backend.asarray(a, backend.xp.float32) for a in _qkv(rng)]
+    args = make_qkv(
+        rng, LQ, LK, d=D, dv=DV, batch=(2, 3), backend=backend, dtype=backend.xp.float32
+    )
     a = to_numpy(pa.attention(*args, causal="bottom_right", **impl))
     b = to_numpy(pa.attention(*args, causal="bottom_right", **impl))
     assert a.tobytes() == b.tobytes()
@@ -219,7 +213,7 @@ def test_same_call_twice_is_bit_identical(backend: Backend, rng, impl):
 @pytest.mark.parametrize("factor", [-3.0, 1e6])
 def test_causality_is_bit_exact(backend: Backend, rng, impl, causal, factor):
     lq = LK if causal is True else LQ
-    q, k, v = _qkv(rng, lq, LK)
+    q, k, v = make_qkv(rng, lq, LK, d=D, dv=DV, batch=(2, 3))
     offset = LK - lq if causal == "bottom_right" else 0
     for dtype in backend.float_dtypes:
         if factor > 1e4 and dtype not in (backend.xp.float32, backend.xp.float64):
@@ -257,7 +251,7 @@ def test_one_namespace_lookup_per_public_call(backend: Backend, rng, monkeypatch
     monkeypatch.setattr(_compat, "array_namespace", counting)
     for module in ("_attention", "_core._softmax", "_layers._head"):
         monkeypatch.setattr(f"portattn.{module}.array_namespace", counting)
-    q, k, v = (backend.asarray(a) for a in _qkv(rng))
+    q, k, v = (backend.asarray(a) for a in make_qkv(rng, LQ, LK, d=D, dv=DV, batch=(2, 3)))
     head = pa.Head.random(D, 3, xp=backend.xp, device=backend.device, dtype=backend.xp.float64)
     calls_expected = [
         lambda: pa.attention(q, k, v, mask=backend.asarray(np.ones((LQ, LK), bool))),
@@ -276,7 +270,7 @@ def test_one_namespace_lookup_per_public_call(backend: Backend, rng, monkeypatch
 
 def test_dtype_and_namespace_follow_inputs(backend: Backend, rng):
     xp = backend.xp
-    q, k, v = _qkv(rng)
+    q, k, v = make_qkv(rng, LQ, LK, d=D, dv=DV, batch=(2, 3))
     for dtype in backend.float_dtypes:
         out = pa.attention(*(backend.asarray(a, dtype) for a in (q, k, v)))
         assert out.dtype == dtype
@@ -315,3 +309,79 @@ def test_float64_stays_float64(backend: Backend, rng):
     out = pa.attention(*(backend.asarray(a, xp.float64) for a in (q, k, v)))
     assert out.dtype == xp.float64
     assert to_numpy(out)[0, 0] == (1 + (1 + 1e-12)) / 2
+
+
+# --- non-finite values hidden without key_lengths (documented) ------------------------
+
+
+def test_non_finite_values_hidden_by_causal_or_mask_are_documented(backend: Backend, rng):
+    """Documented in attention's Notes: only key_lengths sanitises; hidden inf/NaN can give NaN."""
+    q, k, v = make_qkv(rng, 6, 6, d=4, batch=(1,), backend=backend)
+    v_np = to_numpy(v).copy()
+    v_np[0, -1] = np.nan  # the last value, hidden by causality from every row but the last
+    with np.errstate(all="ignore"):
+        got = to_numpy(pa.attention(q, k, backend.asarray(v_np), causal=True, impl="materialize"))
+    assert np.isnan(got[0, :-1]).all()  # 0 * NaN: earlier rows become NaN, as documented
+    # ... and the documented remedy: say it with key_lengths, and nothing leaks
+    for impl in impls_for(backend):
+        if impl == "native" and backend.name == "jax":
+            continue  # JAX's kernel computes float64 inputs in float32: refused
+        fixed = pa.attention(
+            q,
+            k,
+            backend.asarray(v_np),
+            causal=True,
+            impl=impl,
+            key_lengths=backend.asarray(np.array([5])),
+            query_lengths=backend.asarray(np.array([5])),
+        )
+        assert np.isfinite(to_numpy(fixed)).all()
+    # finite hidden values: earlier rows are bit-for-bit unchanged (the causality claim)
+    v_np[0, -1] = 1e30
+    a = to_numpy(pa.attention(q, k, v, causal=True))
+    b = to_numpy(pa.attention(q, k, backend.asarray(v_np), causal=True))
+    np.testing.assert_array_equal(a[0, :-1], b[0, :-1])
+
+
+# --- odd shapes -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["auto", "blockwise", "materialize"])
+def test_zero_size_batch(backend: Backend, impl):
+    xp = backend.xp
+    q = xp.zeros((0, 300, 4), dtype=xp.float64, device=backend.device)
+    out = pa.attention(q, q, q, impl=impl)
+    assert tuple(out.shape) == (0, 300, 4)
+    out, lse = pa.attention(q, q, q, impl=impl, return_lse=True)
+    assert tuple(lse.shape) == (0, 300)
+
+
+@pytest.mark.parametrize("impl", ["materialize", "blockwise"])
+def test_zero_feature_size(backend: Backend, rng, impl):
+    q = backend.asarray(np.zeros((2, 3, 0)))
+    v = backend.asarray(rng.standard_normal((2, 4, 5)))
+    k = backend.asarray(np.zeros((2, 4, 0)))
+    want = np.broadcast_to(to_numpy(v).mean(axis=-2, keepdims=True), (2, 3, 5))  # scores all 0
+    for scale in (None, 1.0):
+        assert_close(pa.attention(q, k, v, impl=impl, scale=scale), want, rtol=1e-12)
+
+
+def test_torch_meta_tensors_on_every_impl():
+    import torch
+
+    q = torch.empty((2, 4, 300, 8), device="meta")
+    for impl in ("auto", "blockwise", "materialize", "native"):
+        out = pa.attention(q, q, q, impl=impl, causal=True)
+        assert out.shape == (2, 4, 300, 8) and out.device.type == "meta"
+
+
+# --- scores that overflow the compute dtype (documented) ------------------------------
+
+
+def test_scores_that_overflow_give_nan_rows_as_documented(backend: Backend):
+    xp = backend.xp
+    q = backend.asarray(np.array([[1e20, 0.0], [1.0, 0.0]]), xp.float32)
+    with np.errstate(all="ignore"):
+        out = to_numpy(pa.attention(q, q, q, scale=1.0, impl="materialize"))
+    assert np.isnan(out[0]).all()  # |q.k| = 1e40 > float32's 3.4e38: that row is out of range
+    assert np.isfinite(out[1]).all()  # other rows are unaffected

@@ -10,19 +10,11 @@ from portattn._core._problem import Problem
 from portattn._paths import _blockwise
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, rtol_for
+from conftest import Backend, make_qkv, rtol_for
 from reference import attention_ref
 
 # Blocks that divide nothing below, so every tile edge is ragged somewhere.
 BLOCKS = [(1, 1), (3, 4), (5, 2), (7, 16), (64, 64)]
-
-
-def _qkv(rng, lq, lk, batch=(2, 3), d=5, dv=6):
-    return (
-        rng.standard_normal((*batch, lq, d)),
-        rng.standard_normal((*batch, lk, d)),
-        rng.standard_normal((*batch, lk, dv)),
-    )
 
 
 CASES = {
@@ -49,7 +41,7 @@ CASES = {
 def test_blockwise_matches_reference_and_materialize(backend: Backend, rng, name, block):
     xp = backend.xp
     kw, ref_kw, lq, lk = CASES[name]
-    q, k, v = _qkv(rng, lq, lk)
+    q, k, v = make_qkv(rng, lq, lk, d=5, dv=6, batch=(2, 3))
     args = [backend.asarray(a, xp.float64) for a in (q, k, v)]
     got, lse = pa.attention(*args, impl="blockwise", block_size=block, return_lse=True, **kw)
     mat, mat_lse = pa.attention(*args, impl="materialize", return_lse=True, **kw)
@@ -66,7 +58,7 @@ def test_blockwise_matches_reference_and_materialize(backend: Backend, rng, name
 @pytest.mark.parametrize("block", [(2, 3), (4, 4)], ids=str)
 def test_lengths_and_mask_and_bias_combine(backend: Backend, rng, block):
     xp = backend.xp
-    q, k, v = _qkv(rng, 9, 10)
+    q, k, v = make_qkv(rng, 9, 10, d=5, dv=6, batch=(2, 3))
     mask = rng.random((3, 9, 10)) < 0.6
     bias = rng.standard_normal((9, 10))
     kl, ql = np.array([[10], [3]]), np.array([[9], [0]])
@@ -98,7 +90,7 @@ def test_future_inf_stays_bit_exact(backend: Backend, rng, block, causal):
     xp = backend.xp
     lq, lk = (8, 8) if causal is True else (5, 8)
     offset = lk - lq
-    q, k, v = _qkv(rng, lq, lk)
+    q, k, v = make_qkv(rng, lq, lk, d=5, dv=6, batch=(2, 3))
     args = [backend.asarray(a, xp.float32) for a in (q, k, v)]
     before = to_numpy(pa.attention(*args, causal=causal, impl="blockwise", block_size=block))
     bq = block[0]
@@ -120,7 +112,7 @@ def test_future_inf_stays_bit_exact(backend: Backend, rng, block, causal):
 
 def test_fully_masked_rows_are_zero_with_lse_neg_inf(backend: Backend, rng):
     xp = backend.xp
-    q, k, v = _qkv(rng, 6, 7)
+    q, k, v = make_qkv(rng, 6, 7, d=5, dv=6, batch=(2, 3))
     mask = np.ones((6, 7), dtype=bool)
     mask[2] = False
     mask[4, :5] = False  # seen only in the last key block
@@ -144,7 +136,7 @@ def test_fully_masked_rows_are_zero_with_lse_neg_inf(backend: Backend, rng):
 def test_underflowing_weights_raise_no_flag(backend: Backend, rng):
     """Peaky rows (score spread beyond float32's exp range) take the clamped exp, silently."""
     xp = backend.xp
-    q, k, v = _qkv(rng, 8, 9, d=4)
+    q, k, v = make_qkv(rng, 8, 9, d=4, dv=6, batch=(2, 3))
     q, k = q * 12.0, k * 12.0  # spread of scores ~ 300: exp(s - max) would underflow
     with np.errstate(all="raise"):
         got = pa.attention(
@@ -181,7 +173,7 @@ def _count_tiles(monkeypatch) -> list[tuple[int, int, int, int]]:
 )
 def test_hidden_tiles_are_skipped(backend: Backend, rng, monkeypatch, kw, lq, lk, block, expected):
     xp = backend.xp
-    q, k, v = _qkv(rng, lq, lk, batch=())
+    q, k, v = make_qkv(rng, lq, lk, d=5, dv=6)
     tiles = _count_tiles(monkeypatch)
     pa.attention(
         *(backend.asarray(a, xp.float64) for a in (q, k, v)),
@@ -214,7 +206,7 @@ def test_skipped_tiles_are_never_read(backend: Backend, rng):
     """NaN poison in every key and value a causal query never sees leaves the output finite."""
     xp = backend.xp
     lq = lk = 12
-    q, k, v = _qkv(rng, lq, lk, batch=(2,))
+    q, k, v = make_qkv(rng, lq, lk, d=5, dv=6, batch=(2,))
     clean = pa.attention(
         *(backend.asarray(a, xp.float64) for a in (q, k, v)),
         causal=True,
@@ -238,7 +230,7 @@ def test_skipped_tiles_are_never_read(backend: Backend, rng):
 def test_batch_axes_from_mask_only(backend: Backend, rng):
     """A mask with a batch axis the inputs lack broadcasts the output, across query blocks."""
     xp = backend.xp
-    q, k, v = _qkv(rng, 7, 6, batch=())
+    q, k, v = make_qkv(rng, 7, 6, d=5, dv=6)
     mask = rng.random((4, 7, 6)) < 0.7
     want, _ = attention_ref(q, k, v, mask=mask)
     for block in [(3, 4), (16, 2)]:
@@ -256,7 +248,7 @@ def test_default_block_sizes_path(backend: Backend, rng, dtype_name):
     """The tuned defaults (several query blocks, key blocks of hundreds) against the reference."""
     xp = backend.xp
     dtype = getattr(xp, dtype_name)
-    q, k, v = _qkv(rng, 300, 1100, batch=(1, 2), d=8, dv=8)
+    q, k, v = make_qkv(rng, 300, 1100, d=8, batch=(1, 2))
     want, _ = attention_ref(q, k, v, causal="bottom_right")
     got = pa.attention(
         *(backend.asarray(a, dtype) for a in (q, k, v)), causal="bottom_right", impl="blockwise"
@@ -294,9 +286,9 @@ def test_auto_picks_blockwise_above_threshold(backend: Backend, rng, monkeypatch
 
     monkeypatch.setattr(_attention, "_AUTO_MATERIALIZE_MAX_PAIRS", 6 * 6)
     # softcap keeps auto on the generic paths on torch too (SDPA has none)
-    small = [backend.asarray(a, xp.float32) for a in _qkv(rng, 6, 6)]
+    small = [backend.asarray(a, xp.float32) for a in make_qkv(rng, 6, 6, d=5, dv=6, batch=(2, 3))]
     pa.attention(*small, softcap=30.0)
     assert not calls
-    big = [backend.asarray(a, xp.float32) for a in _qkv(rng, 6, 7)]
+    big = [backend.asarray(a, xp.float32) for a in make_qkv(rng, 6, 7, d=5, dv=6, batch=(2, 3))]
     pa.attention(*big, softcap=30.0)
     assert calls

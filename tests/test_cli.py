@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 
+import portattn as pa
 from portattn import chapter
 from portattn.__main__ import heatmap, main
 
@@ -48,3 +52,47 @@ def test_python_dash_m_entry_point():
         timeout=300,
     )
     assert "portattn: the single-head chapter" in run.stdout
+
+
+# --- the CLI on closed pipes and failing writes ---------------------------------------
+
+
+SRC = str(Path(pa.__file__).resolve().parents[1])  # the portattn under test
+
+
+def _cli(shell_redirect: str | None = None, **kwargs) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": SRC}
+    cmd = [sys.executable, "-m", "portattn", "--backend", "numpy", "--no-color"]
+    if shell_redirect is not None:
+        line = " ".join(cmd) + " " + shell_redirect
+        return subprocess.run(
+            ["/bin/sh", "-c", line], capture_output=True, text=True, env=env, timeout=300
+        )
+    return subprocess.run(cmd, text=True, env=env, timeout=300, **kwargs)
+
+
+def test_cli_exits_quietly_when_the_reader_has_gone():
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write: every write is EPIPE
+    try:
+        run = _cli(stdout=write_end, stderr=subprocess.PIPE)
+    finally:
+        os.close(write_end)
+    assert run.stderr == ""
+    assert run.returncode == 141
+
+
+def test_cli_with_stdout_closed_says_so_in_one_line():
+    run = _cli(">&-")
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines() == [
+        "python -m portattn: cannot write the report: standard output is closed"
+    ]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="this OS has no /dev/full")
+def test_cli_on_a_full_device_says_so_in_one_line():
+    run = _cli(">/dev/full")
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot write the report: No space left" in lines[0]

@@ -17,6 +17,7 @@ from dask.callbacks import Callback
 import portattn as pa
 from portattn._paths._dask import FAN_IN_CONFIG, _merge, _pair
 
+from conftest import make_qkv
 from reference import allowed_pairs, attention_ref
 
 
@@ -48,8 +49,7 @@ def compute(*xs: Any) -> Any:
 
 @pytest.fixture
 def qkv(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    b, h, n, d = 2, 3, 40, 8
-    return tuple(rng.standard_normal((b, h, n, d)) for _ in range(3))  # type: ignore[return-value]
+    return make_qkv(rng, 40, d=8, batch=(2, 3))  # type: ignore[no-any-return]
 
 
 def test_batch_and_head_chunks_give_one_task_per_chunk(qkv: Any) -> None:

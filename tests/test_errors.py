@@ -8,18 +8,14 @@ import numpy as np
 import pytest
 
 import portattn as pa
-from portattn.testing import assert_close
+from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend
+from conftest import Backend, make_qkv
 
 
 @pytest.fixture
 def qkv(backend: Backend, rng):
-    return (
-        backend.asarray(rng.standard_normal((2, 4, 3))),
-        backend.asarray(rng.standard_normal((2, 5, 3))),
-        backend.asarray(rng.standard_normal((2, 5, 6))),
-    )
+    return make_qkv(rng, 4, 5, d=3, dv=6, batch=(2,), backend=backend)
 
 
 # --- TypeError ---------------------------------------------------------------
@@ -302,3 +298,114 @@ def test_the_memo_skips_only_repeat_numpy_checks(small_np, monkeypatch):
     pa.attention(tq, tk, tv)
     pa.attention(tq, tk, tv)
     assert len(calls) == 4
+
+
+# --- NumPy scalars where Python numbers are accepted ----------------------------------
+
+
+def test_numpy_scalars_are_numbers(backend: Backend, rng):
+    xp = backend.xp
+    x = backend.asarray(rng.standard_normal((2, 3)))
+    np.testing.assert_array_equal(
+        to_numpy(pa.softmax(x, axis=np.int64(0))), to_numpy(pa.softmax(x, axis=0))
+    )
+    np.testing.assert_array_equal(pa.causal_mask(np.int64(2), np.int32(3)), pa.causal_mask(2, 3))
+    np.testing.assert_array_equal(
+        pa.window_mask(np.int64(4), 4, window=(np.int64(1), np.uint8(0))),
+        pa.window_mask(4, 4, window=(1, 0)),
+    )
+    np.testing.assert_array_equal(
+        to_numpy(pa.sinusoidal_encoding(np.int64(3), np.int64(4), base=np.float32(100.0))),
+        to_numpy(pa.sinusoidal_encoding(3, 4, base=100.0)),
+    )
+    q = backend.asarray(rng.standard_normal((4, 2)))
+    rot = pa.apply_rope(q, base=np.float32(500.0))
+    np.testing.assert_array_equal(to_numpy(rot), to_numpy(pa.apply_rope(q, base=500.0)))
+    np.testing.assert_array_equal(pa.rope_positions(np.int64(3), offset=np.int8(2)), [2, 3, 4])
+    a = pa.linear_attention(q, q, q, causal=True, eps=np.float32(0.5), chunk_size=np.int64(2))
+    b = pa.linear_attention(q, q, q, causal=True, eps=0.5, chunk_size=2)
+    np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+    cache = pa.KVCache(
+        np.int64(2),
+        np.int64(4),
+        batch_shape=(np.int64(1),),
+        capacity=np.int64(3),
+        xp=xp,
+        device=backend.device,
+    )
+    assert (cache.num_kv_heads, cache.d_head, cache.batch_shape, cache.capacity) == (2, 4, (1,), 3)
+    assert all(type(n) is int for n in (cache.num_kv_heads, cache.capacity, *cache.batch_shape))
+
+
+# --- np.longdouble --------------------------------------------------------------------
+
+
+@pytest.mark.skipif(
+    np.finfo(np.longdouble).bits <= 64, reason="this platform's longdouble is float64"
+)
+def test_longdouble_is_refused_not_relabelled(rng):
+    q = rng.standard_normal((3, 4)).astype(np.longdouble)
+    for call in (
+        lambda: pa.attention(q, q, q),
+        lambda: pa.attention_weights(q, q),
+        lambda: pa.softmax(q),
+        lambda: pa.linear_attention(q, q, q),
+        lambda: pa.apply_rope(q),
+    ):
+        with pytest.raises(TypeError, match=r"at most 64 bits .* got float128.*cast to float64"):
+            call()
+
+
+# --- options validated before any cache, whatever the path ----------------------------
+
+
+def test_validation_does_not_depend_on_call_history(rng):
+    q = rng.standard_normal((3, 4))
+    pa.attention(q, q, q, causal=True)
+    pa.attention(q, q, q, window=1)
+    with pytest.raises(ValueError, match=r"expected causal"):
+        pa.attention(q, q, q, causal=1)
+    with pytest.raises(ValueError, match=r"expected window"):
+        pa.attention(q, q, q, window=True)
+
+
+@pytest.mark.parametrize("impl", ["auto", "materialize", "blockwise"])
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"block_size": 0}, r"expected block_size"),
+        ({"block_size": -1}, r"expected block_size"),
+        ({"block_size": "4"}, r"expected block_size"),
+        ({"return_lse": "no"}, r"expected return_lse to be True or False"),
+        ({"window": 2**63 + 5.0}, r"expected window"),
+    ],
+)
+def test_options_checked_on_every_path(rng, impl, kwargs, pattern):
+    q = rng.standard_normal((3, 4))
+    with pytest.raises(ValueError, match=pattern):
+        pa.attention(q, q, q, impl=impl, **kwargs)
+
+
+# --- arrays that are not arrays -------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["query", "key", "value"])
+def test_none_arrays_are_named(rng, which):
+    args = {
+        "query": rng.standard_normal((3, 4)),
+        "key": rng.standard_normal((3, 4)),
+        "value": rng.standard_normal((3, 4)),
+    }
+    args[which] = None
+    with pytest.raises(TypeError, match=rf"expected {which} to be an array, got None"):
+        pa.attention(args["query"], args["key"], args["value"])
+
+
+def test_masked_arrays_are_refused(rng):
+    q = rng.standard_normal((3, 4))
+    with pytest.raises(
+        TypeError, match=r"expected query to be a plain array, got a numpy.ma.MaskedArray"
+    ):
+        pa.attention(np.ma.masked_array(q, mask=q > 0), q, q)
+    with pytest.raises(TypeError, match=r"expected value to be a plain array"):
+        pa.attention(q, q, np.ma.masked_array(q))

@@ -149,3 +149,13 @@ def test_demo_weights(backend: Backend):
     for tok, p in zip(tokens[:3], on[2, :3], strict=True):
         assert f"{tok} {round(100 * p)}%" in sentence
     assert "on " not in sentence and "mat" not in sentence
+
+
+# --- Head.random's arguments ----------------------------------------------------------
+
+
+def test_head_random_std_must_be_a_real_number():
+    with pytest.raises(ValueError, match=r"expected std to be a finite real number >= 0, got '1'"):
+        pa.Head.random(4, 2, std="1")
+    head = pa.Head.random(4, 2, std=np.float32(0.5))
+    assert head.wq.shape == (4, 2)

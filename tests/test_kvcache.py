@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import numpy as np
 import pytest
 
@@ -178,3 +181,54 @@ def test_decode_does_not_mutate_inputs(backend: Backend, rng):
     cache = mha.new_cache(batch_shape=(B,))
     mha(x, causal=True, cache=cache)
     np.testing.assert_array_equal(to_numpy(x), xn)
+
+
+# --- a KVCache shared between threads -------------------------------------------------
+
+
+@pytest.mark.parametrize("capacity", [None, 2 * 8 * 200], ids=["growing", "fixed"])
+def test_concurrent_appends_lose_and_duplicate_nothing(capacity):
+    cache = pa.KVCache(1, 2, capacity=capacity)
+    n_threads, n_appends = 8, 200
+    start = threading.Barrier(n_threads)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show up
+
+    def work(t: int) -> None:
+        start.wait()
+        for i in range(n_appends):
+            tok = np.full((1, 2, 2), t * 1000 + i, dtype=np.float32)  # two tokens per append
+            cache.append(tok, -tok)
+
+    try:
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    keys = to_numpy(cache.keys)[0, :, 0]
+    assert cache.length == 2 * n_threads * n_appends
+    want = sorted(float(t * 1000 + i) for t in range(n_threads) for i in range(n_appends))
+    assert sorted(keys[::2].tolist()) == want
+    assert np.array_equal(keys[::2], keys[1::2])  # each append's two tokens stay together
+    assert np.array_equal(to_numpy(cache.values), -to_numpy(cache.keys))
+
+
+# --- dtypes a KVCache refuses ---------------------------------------------------------
+
+
+def test_kvcache_dtype_strings_and_foreign_dtypes_are_refused():
+    import torch
+
+    with pytest.raises(
+        TypeError, match=r"expected dtype to be a real floating dtype of numpy.*got 'float32'"
+    ):
+        pa.KVCache(1, 2, dtype="float32")
+    with pytest.raises(
+        TypeError, match=r"dtype of torch, such as torch.float32, got float32 \(from numpy\)"
+    ):
+        pa.KVCache(1, 2, xp=torch, dtype=np.float32)
+    with pytest.raises(TypeError, match=r"dtype of numpy.*got int64"):
+        pa.KVCache(1, 2, dtype=np.int64)

@@ -9,7 +9,7 @@ import torch
 import portattn as pa
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, assert_close_on
+from conftest import Backend, assert_close_on, make_qkv
 
 B, H, L, D, DV = 2, 3, 23, 5, 4
 
@@ -37,17 +37,9 @@ def oracle_causal(q, k, v, eps):
     return ((A @ V) / (A.sum(-1, keepdim=True) + eps)).numpy()
 
 
-def _qkv(rng, lq=L, lk=L):
-    return (
-        rng.standard_normal((B, H, lq, D)),
-        rng.standard_normal((B, H, lk, D)),
-        rng.standard_normal((B, H, lk, DV)),
-    )
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 def test_matches_paper_oracle(backend: Backend, rng, causal):
-    q, k, v = _qkv(rng, lq=L if causal else 7)
+    q, k, v = make_qkv(rng, L if causal else 7, L, d=D, dv=DV, batch=(B, H))
     for eps in (1e-6, 0.0):
         want = (oracle_causal if causal else oracle_noncausal)(q, k, v, eps)
         for dtype in backend.float_dtypes:
@@ -58,7 +50,7 @@ def test_matches_paper_oracle(backend: Backend, rng, causal):
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 64, 1000])
 def test_recurrent_form_equals_causal_parallel_form(backend: Backend, rng, chunk_size):
-    q, k, v = _qkv(rng)
+    q, k, v = make_qkv(rng, L, d=D, dv=DV, batch=(B, H))
     qa, ka, va = (backend.asarray(a) for a in (q, k, v))
     parallel = pa.linear_attention(qa, ka, va, causal=True, chunk_size=chunk_size)
     state = None
@@ -74,7 +66,7 @@ def test_recurrent_form_equals_causal_parallel_form(backend: Backend, rng, chunk
 
 
 def test_causal_rows_ignore_the_future(backend: Backend, rng):
-    q, k, v = _qkv(rng)
+    q, k, v = make_qkv(rng, L, d=D, dv=DV, batch=(B, H))
     before = to_numpy(pa.linear_attention(*(backend.asarray(a) for a in (q, k, v)), causal=True))
     k2, v2 = k.copy(), v.copy()
     k2[..., 10:, :] *= 1e3
@@ -104,7 +96,7 @@ def test_elu_feature_map_matches_torch(backend: Backend, rng):
 
 
 def test_inputs_are_not_mutated(backend: Backend, rng):
-    arrays = _qkv(rng)
+    arrays = make_qkv(rng, L, d=D, dv=DV, batch=(B, H))
     xs = [backend.asarray(a) for a in arrays]
     pa.linear_attention(*xs, causal=True)
     pa.linear_attention(*xs)
@@ -131,3 +123,87 @@ def test_errors_say_what_was_expected():
         ValueError, match=r"state.kv of shape \(\.\.\., d=3, dv=4\), got shape \(3, 2\)"
     ):
         pa.linear_attention_step(np.ones(3), np.ones(3), np.ones(4), state)
+
+
+# --- arguments checked on both forms --------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [0, 1, None, "yes"])
+def test_linear_attention_causal_is_a_bool(backend: Backend, rng, causal):
+    x = backend.asarray(rng.standard_normal((3, 2)))
+    with pytest.raises(ValueError, match=r"expected causal to be True or False, got"):
+        pa.linear_attention(x, x, x, causal=causal)
+
+
+def test_linear_attention_accepts_numpy_bools(backend: Backend, rng):
+    x = backend.asarray(rng.standard_normal((3, 2)))
+    want = to_numpy(pa.linear_attention(x, x, x, causal=True))
+    np.testing.assert_array_equal(to_numpy(pa.linear_attention(x, x, x, causal=np.True_)), want)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("chunk_size", [0, -1, "4", 2.0, True])
+def test_linear_attention_chunk_size_checked_in_both_forms(
+    backend: Backend, rng, causal, chunk_size
+):
+    x = backend.asarray(rng.standard_normal((3, 2)))
+    with pytest.raises(ValueError, match=r"expected chunk_size to be a positive int, got"):
+        pa.linear_attention(x, x, x, causal=causal, chunk_size=chunk_size)
+
+
+def test_linear_attention_step_bad_states_are_named(backend: Backend, rng):
+    xp = backend.xp
+    q = backend.asarray(rng.standard_normal((2, 3)))
+    v = backend.asarray(rng.standard_normal((2, 4)))
+    _, good = pa.linear_attention_step(q, q, v)
+    cases = [
+        (TypeError, r"expected state to be a LinearAttentionState .* got \(1, 2\)", (1, 2)),
+        (TypeError, r"expected state to be a LinearAttentionState .* got ndarray", np.ones(3)),
+        (
+            TypeError,
+            r"expected state.kv to be an array, got \[1\]",
+            pa.LinearAttentionState([1], good.normalizer),
+        ),
+        (
+            ValueError,
+            r"expected state.kv of shape \(\.\.\., d=3, dv=4\), got shape \(2, 4, 3\)",
+            pa.LinearAttentionState(xp.matrix_transpose(good.kv), good.normalizer),
+        ),
+        (
+            ValueError,
+            r"expected state.normalizer of shape \(2, 3\) .* got shape \(2, 4\)",
+            pa.LinearAttentionState(
+                good.kv, xp.zeros((2, 4), dtype=xp.float64, device=backend.device)
+            ),
+        ),
+        (
+            TypeError,
+            r"expected state.kv in the compute dtype float64, got float32",
+            pa.LinearAttentionState(xp.astype(good.kv, xp.float32), good.normalizer),
+        ),
+        (
+            ValueError,
+            r"expected state to be broadcastable",
+            pa.LinearAttentionState(
+                xp.zeros((5, 3, 4), dtype=xp.float64, device=backend.device),
+                xp.zeros((5, 3), dtype=xp.float64, device=backend.device),
+            ),
+        ),
+    ]
+    for exc, pattern, state in cases:
+        with pytest.raises(exc, match=pattern):
+            pa.linear_attention_step(q, q, v, state)
+
+
+def test_linear_attention_step_state_from_another_library(rng):
+    import torch
+
+    q = rng.standard_normal((2, 3))
+    v = rng.standard_normal((2, 4))
+    _, state = pa.linear_attention_step(
+        torch.from_numpy(q), torch.from_numpy(q), torch.from_numpy(v)
+    )
+    with pytest.raises(
+        TypeError, match=r"state.kv to come from the inputs' library numpy, got .* torch"
+    ):
+        pa.linear_attention_step(q, q, v, state)

@@ -160,3 +160,53 @@ def test_merge_rejects_bad_input(backend: Backend):
         pa.merge_attention([o], [backend.asarray(np.zeros(2), xp.float32)])
     with pytest.raises(TypeError, match="real floating"):
         pa.merge_attention([o], [backend.asarray(np.zeros(3, dtype=np.int32))])
+
+
+# --- merge_attention's inputs ---------------------------------------------------------
+
+
+def test_merge_attention_takes_generators_and_stacked_arrays(backend: Backend, rng):
+    xp = backend.xp
+    q = backend.asarray(rng.standard_normal((2, 4, 3)))
+    k8, v8 = (backend.asarray(rng.standard_normal((2, 8, 3))) for _ in range(2))
+    parts = [
+        pa.attention(q, k8[:, i : i + 2, :], v8[:, i : i + 2, :], return_lse=True)
+        for i in (0, 2, 4, 6)
+    ]
+    want = to_numpy(pa.attention(q, k8, v8))
+    out, _ = pa.merge_attention((o for o, _ in parts), (lse for _, lse in parts))
+    assert_close(out, want, rtol=1e-12, xp=xp)
+    stacked_o = xp.stack([o for o, _ in parts], axis=0)
+    stacked_l = xp.stack([lse for _, lse in parts], axis=0)
+    out, _ = pa.merge_attention(stacked_o, stacked_l)
+    assert_close(out, want, rtol=1e-12, xp=xp)
+    out, _ = pa.merge_attention(stacked_o, [lse for _, lse in parts])
+    assert_close(out, want, rtol=1e-12, xp=xp)
+
+
+@pytest.mark.parametrize("bad", [3, "ab", None])
+def test_merge_attention_refuses_non_iterables(bad):
+    with pytest.raises(TypeError, match=r"expected outputs to be a sequence or iterable"):
+        pa.merge_attention(bad, [np.zeros(2)])
+
+
+def test_merge_attention_refuses_non_arrays_inside():
+    with pytest.raises(TypeError, match=r"expected lses\[1\] to be an array, got \[0\.0, 0\.0\]"):
+        pa.merge_attention([np.zeros((2, 3))] * 2, [np.zeros(2), [0.0, 0.0]])
+
+
+# --- merge_attention in the wider dtype -----------------------------------------------
+
+
+def test_merge_attention_computes_in_the_wider_dtype(backend: Backend, rng):
+    xp = backend.xp
+    q = backend.asarray(rng.standard_normal((3, 4)))
+    k = backend.asarray(rng.standard_normal((8, 4)))
+    v = backend.asarray(rng.standard_normal((8, 5)))
+    parts = [pa.attention(q, k[i : i + 4, :], v[i : i + 4, :], return_lse=True) for i in (0, 4)]
+    lses32 = [xp.astype(lse, xp.float32) for _, lse in parts]
+    out, lse = pa.merge_attention([o for o, _ in parts], lses32)
+    assert out.dtype == xp.float64 and lse.dtype == xp.float32
+    # the same float32 lses, widened by hand: the merge itself must add no float32 rounding
+    ref, _ = pa.merge_attention([o for o, _ in parts], [xp.astype(x, xp.float64) for x in lses32])
+    assert_close(out, to_numpy(ref), rtol=1e-15, xp=xp, dtype=xp.float64)

@@ -376,3 +376,98 @@ def test_bad_inputs_name_what_was_expected():
         pa.MultiHeadAttention.random(9, 3, rope="half")
     with pytest.raises(ValueError, match="GQA"):
         pa.MultiHeadAttention.random(8, 4, num_kv_heads=2).to_torch()
+
+
+# --- refused modules ------------------------------------------------------------------
+
+
+def test_from_torch_refuses_other_modules():
+    import torch
+
+    with pytest.raises(TypeError, match=r"expected a torch.nn.MultiheadAttention, got Linear"):
+        pa.MultiHeadAttention.from_torch(torch.nn.Linear(4, 4))
+
+
+# --- a failed call with a cache appends nothing ---------------------------------------
+
+
+def _mha(backend: Backend, **kwargs):
+    return pa.MultiHeadAttention.random(
+        8,
+        4,
+        num_kv_heads=2,
+        rope="half",
+        seed=3,
+        xp=backend.xp,
+        dtype=backend.xp.float64,
+        device=backend.device,
+        **kwargs,
+    )
+
+
+BAD_CALLS = [
+    ({"window": -1}, ValueError),
+    ({"causal": "yes"}, ValueError),
+    ({"causal": 1}, ValueError),
+    ({"mask": np.ones((1, 9), dtype=bool)}, ValueError),
+    ({"mask": np.ones((1, 4))}, TypeError),
+    ({"key_lengths": np.array([2.0, 3.0])}, TypeError),
+    ({"key_lengths": np.array([[4], [4]])}, ValueError),
+    ({"positions": np.arange(3)}, ValueError),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "exc"), BAD_CALLS, ids=[str(k) for k, _ in BAD_CALLS])
+def test_failed_cached_call_leaves_the_cache_and_a_retry_exact(backend: Backend, rng, kwargs, exc):
+    mha = _mha(backend)
+    x = rng.standard_normal((2, 4, 8))
+    full = to_numpy(mha(backend.asarray(x), causal=True))
+    cache = mha.new_cache(batch_shape=(2,))
+    mha(backend.asarray(x[:, :3]), causal=True, cache=cache)
+    before = (cache.length, to_numpy(cache.keys).tobytes(), to_numpy(cache.values).tobytes())
+    bad = {k: backend.asarray(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
+    step = backend.asarray(x[:, 3:])
+    with pytest.raises(exc):
+        mha(step, **{"causal": True, **bad}, cache=cache)
+    assert (
+        cache.length,
+        to_numpy(cache.keys).tobytes(),
+        to_numpy(cache.values).tobytes(),
+    ) == before
+    got = mha(step, causal=True, cache=cache)  # the retry decodes against an intact cache
+    assert_close(got, full[:, 3:], rtol=1e-12, xp=backend.xp)
+    assert cache.length == 4
+
+
+# --- torch / Hugging Face mask and lengths layouts ------------------------------------
+
+
+def test_mha_accepts_torch_hf_mask_layouts_with_their_meaning(backend: Backend, rng):
+    mha = _mha(backend)
+    b, lq = 3, 5
+    x = backend.asarray(rng.standard_normal((b, lq, 8)))
+    m = rng.random((b, lq, lq)) < 0.7
+    m[..., 0] = True
+    shared = to_numpy(mha(x, mask=backend.asarray(m)))
+    one = to_numpy(mha(x, mask=backend.asarray(m[:, None])))  # (B, 1, Lq, Lk)
+    assert one.shape == (b, lq, 8)
+    assert_close(one, shared, rtol=1e-12)
+    per_head = np.repeat(m[:, None], 4, axis=1)  # (B, H, Lq, Lk), all heads alike
+    assert_close(mha(x, mask=backend.asarray(per_head)), shared, rtol=1e-12)
+    # a head-specific mask really is per head: head 0 sees only key 0
+    per_head[:, 0] = False
+    per_head[:, 0, :, 0] = True
+    w = to_numpy(mha.weights(x, mask=backend.asarray(per_head)))
+    np.testing.assert_array_equal(w[:, 0, :, 1:], 0.0)
+    assert (w[:, 1:][~np.repeat(m[:, None], 3, axis=1)] == 0).all()
+
+
+def test_mha_refuses_layouts_that_would_enlarge_the_batch(backend: Backend, rng):
+    mha = _mha(backend)
+    x = backend.asarray(rng.standard_normal((3, 5, 8)))
+    with pytest.raises(ValueError, match=r"key_lengths .* batch shape \(3,\), got shape \(3, 1\)"):
+        mha(x, key_lengths=backend.asarray(np.full((3, 1), 5)))
+    with pytest.raises(ValueError, match=r"Hugging Face layout .* got mask shape \(3, 2, 5, 5\)"):
+        mha(x, mask=backend.asarray(np.ones((3, 2, 5, 5), dtype=bool)))
+    with pytest.raises(ValueError, match=r"got mask shape \(2, 3, 1, 5, 5\)"):
+        mha(x, mask=backend.asarray(np.ones((2, 3, 1, 5, 5), dtype=bool)))

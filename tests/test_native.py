@@ -100,3 +100,30 @@ def test_native_jax_agrees_with_generic(rng):
         assert_close(np.asarray(got), want, rtol=1e-5)
     with pytest.raises(NotImplementedError, match="dv="):
         pa.attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v[..., :3]), impl="native")
+
+
+# --- impl="native" hands torch a 4-D problem ------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(7, 8), (3, 7, 8), (2, 3, 7, 8), (2, 2, 3, 7, 8)])
+def test_native_torch_always_gets_4d(monkeypatch, rng, shape):
+    import torch
+    import torch.nn.functional as F
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        mask = kwargs.get("attn_mask")
+        seen.append((q.ndim, k.ndim, v.ndim, None if mask is None else mask.ndim))
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    x = torch.from_numpy(rng.standard_normal(shape))
+    want = to_numpy(pa.attention(x, x, x, causal=True, impl="materialize"))
+    for kwargs in ({"causal": True}, {"causal": "bottom_right", "window": 2}):
+        got = pa.attention(x, x, x, impl="native", **kwargs)
+        if kwargs == {"causal": True}:
+            assert_close(got, want, rtol=1e-12)
+        assert tuple(got.shape) == shape
+    assert seen and all(s[:3] == (4, 4, 4) and s[3] in (None, 4) for s in seen)

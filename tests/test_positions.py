@@ -200,3 +200,23 @@ def test_rope_does_not_mutate_inputs(backend: Backend, rng):
     pa.apply_rope(x, pos, layout="interleaved")
     pa.apply_rope(x, pos, layout="half")
     np.testing.assert_array_equal(to_numpy(x), xn)
+
+
+# --- positions' arguments -------------------------------------------------------------
+
+
+def test_sinusoidal_encoding_foreign_dtype_is_refused():
+    import torch
+
+    with pytest.raises(
+        TypeError, match=r"dtype of numpy, such as numpy.float32, got float32 \(from torch\)"
+    ):
+        pa.sinusoidal_encoding(4, 4, dtype=torch.float32)
+    with pytest.raises(TypeError, match=r"dtype of numpy.*got 'float64'"):
+        pa.sinusoidal_encoding(np.arange(4), 4, dtype="float64")
+
+
+@pytest.mark.parametrize("base", [True, 1, 0.5, float("inf"), "10000"])
+def test_bad_base(base):
+    with pytest.raises(ValueError, match=r"expected base to be a finite real number > 1, got"):
+        pa.sinusoidal_encoding(3, 4, base=base)

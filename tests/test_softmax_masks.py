@@ -62,3 +62,50 @@ def test_window_mask(backend: Backend, window, causal):
     got_br = pa.window_mask(3, 6, window=window, causal=causal, xp=backend.xp)
     want_br = allowed_pairs(3, 6, causal=causal, window=w, align="bottom_right")
     np.testing.assert_array_equal(to_numpy(got_br), want_br)
+
+
+# --- window_mask arguments ------------------------------------------------------------
+
+
+def test_window_mask_causal_is_a_bool():
+    with pytest.raises(ValueError, match=r"expected causal to be True or False, got 'no'"):
+        pa.window_mask(3, 3, window=1, causal="no")
+    with pytest.raises(ValueError, match=r"expected causal to be True or False, got 1"):
+        pa.window_mask(3, 3, window=1, causal=1)
+
+
+def test_window_mask_huge_window_means_unbounded():
+    np.testing.assert_array_equal(pa.window_mask(3, 4, window=2**63), np.ones((3, 4), bool))
+    np.testing.assert_array_equal(pa.window_mask(3, 4, window=(2**70, 0)), pa.causal_mask(3, 4))
+
+
+@pytest.mark.parametrize("window", [True, None, 1.0, (1, True), "2"])
+def test_window_mask_bad_window(window):
+    with pytest.raises(ValueError, match=r"expected window to be a non-negative int"):
+        pa.window_mask(3, 3, window=window)
+
+
+# --- softmax at the ends of the range -------------------------------------------------
+
+
+def test_softmax_finite_extremes_are_in_range(backend: Backend):
+    xp = backend.xp
+    big = float(np.finfo(np.float32).max)
+    x = backend.asarray(np.array([[big, -big], [-big, -big], [-big, big]]), dtype=xp.float32)
+    with np.errstate(all="raise"):
+        got = to_numpy(pa.softmax(x))
+    np.testing.assert_array_equal(got, [[1, 0], [0.5, 0.5], [0, 1]])
+    tiny = float(np.finfo(np.float64).max)
+    y = backend.asarray(np.array([tiny, 0.0, -tiny]))
+    with np.errstate(all="raise"):
+        np.testing.assert_array_equal(to_numpy(pa.softmax(y)), [1, 0, 0])
+
+
+def test_softmax_documented_non_finite_inputs(backend: Backend):
+    x = backend.asarray(
+        np.array([[np.inf, 0.0], [np.nan, 0.0], [-np.inf, -np.inf], [-np.inf, 1.0]])
+    )
+    with np.errstate(all="ignore"):
+        got = to_numpy(pa.softmax(x))
+    assert np.isnan(got[:2]).all()  # +inf or NaN in a slice: all of it NaN, as documented
+    np.testing.assert_array_equal(got[2:], [[0, 0], [0, 1]])

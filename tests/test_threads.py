@@ -11,12 +11,15 @@ from threadpoolctl import threadpool_info, threadpool_limits
 import portattn as pa
 from portattn._lib import _threads
 
+from conftest import make_qkv
+
 SHAPE = (1, 4, 512, 32)  # 4 query blocks of 128 rows with NumPy's default tiles
 
 
 @pytest.fixture
 def qkv(rng):
-    return [rng.standard_normal(SHAPE, dtype=np.float32) for _ in range(3)]
+    *batch, n, d = SHAPE
+    return list(make_qkv(rng, n, d=d, batch=tuple(batch), draw_dtype=np.float32))
 
 
 @pytest.fixture

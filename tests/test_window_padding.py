@@ -14,9 +14,9 @@ import torch
 import portattn as pa
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, assert_close_on
+from conftest import Backend, assert_close_on, impls_for, make_qkv
 
-B, H, D = 2, 3, 4
+B, H, D = 2, 3, 4  # values have D features too: jax needs dv == d
 JAX_RTOL = 1e-6  # jax's float32 softmax, see the module docstring
 
 IMPLS = [
@@ -67,14 +67,6 @@ def _torch_sdpa(q, k, v, allowed):
     return np.where(allowed.any(-1, keepdims=True), out, 0.0)
 
 
-def _qkv(rng, lq, lk):
-    return (
-        rng.standard_normal((B, H, lq, D)),
-        rng.standard_normal((B, H, lk, D)),
-        rng.standard_normal((B, H, lk, D)),  # jax needs dv == d
-    )
-
-
 WINDOWS = [2, (2, 1), (0, 0), (1, 5), (0, 3), (10, 10)]
 
 
@@ -82,7 +74,7 @@ WINDOWS = [2, (2, 1), (0, 0), (1, 5), (0, 3), (10, 10)]
 @pytest.mark.parametrize("causal", [False, True], ids=["window", "causal+window"])
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
 def test_window_matches_explicit_mask_torch(backend: Backend, rng, window, causal, opts):
-    q, k, v = _qkv(rng, 9, 9)
+    q, k, v = make_qkv(rng, 9, 9, d=D, batch=(B, H))
     want = _torch_sdpa(q, k, v, allowed_by_loops(9, 9, window=window, causal=causal))
     for dtype in backend.float_dtypes:
         args = [backend.asarray(a, dtype) for a in (q, k, v)]
@@ -96,7 +88,7 @@ def test_window_matches_explicit_mask_torch(backend: Backend, rng, window, causa
 def test_window_with_unequal_lengths_is_aligned_like_causal(
     backend: Backend, rng, lq, lk, align, opts
 ):
-    q, k, v = _qkv(rng, lq, lk)
+    q, k, v = make_qkv(rng, lq, lk, d=D, batch=(B, H))
     want = _torch_sdpa(q, k, v, allowed_by_loops(lq, lk, window=(2, 0), causal=True, align=align))
     got = pa.attention(
         *(backend.asarray(a) for a in (q, k, v)), window=(2, 0), causal=align, **opts
@@ -111,7 +103,7 @@ def test_window_with_unequal_lengths_is_aligned_like_causal(
 @pytest.mark.parametrize("causal", [False, True], ids=["window", "causal+window"])
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
 def test_window_matches_jax_local_window_size(backend: Backend, rng, window, causal):
-    q, k, v = _qkv(rng, 9, 9)
+    q, k, v = make_qkv(rng, 9, 9, d=D, batch=(B, H))
     want = _jax_attention(q, k, v, local_window_size=window, is_causal=causal)
     got = pa.attention(*(backend.asarray(a) for a in (q, k, v)), window=window, causal=causal)
     assert_close(got, want, rtol=JAX_RTOL, xp=backend.xp, dtype=backend.xp.float64)
@@ -119,7 +111,7 @@ def test_window_matches_jax_local_window_size(backend: Backend, rng, window, cau
 
 def test_window_with_unequal_lengths_matches_jax_top_left(backend: Backend, rng):
     """jax aligns a window top-left when T != S; portattn needs that said explicitly."""
-    q, k, v = _qkv(rng, 5, 8)
+    q, k, v = make_qkv(rng, 5, 8, d=D, batch=(B, H))
     want = _jax_attention(q, k, v, local_window_size=(1, 0), is_causal=True)
     got = pa.attention(*(backend.asarray(a) for a in (q, k, v)), window=(1, 0), causal="top_left")
     assert_close(got, want, rtol=JAX_RTOL, xp=backend.xp)
@@ -152,7 +144,7 @@ def _allowed_with_lengths(lq, lk, lengths, extra):
 @pytest.mark.parametrize("which", list(LENGTHS))
 def test_lengths_match_torch(backend: Backend, rng, which, extra, opts):
     lengths = LENGTHS[which]
-    q, k, v = _qkv(rng, 6, 7) if not extra else _qkv(rng, 7, 7)
+    q, k, v = make_qkv(rng, 7 if extra else 6, 7, d=D, batch=(B, H))
     # torch: the same padding as an explicit mask, padded query rows zeroed afterwards
     allowed = _allowed_with_lengths(q.shape[-2], k.shape[-2], lengths, extra)
     want = _torch_sdpa(q, k, v, allowed)
@@ -171,7 +163,7 @@ def test_lengths_match_torch(backend: Backend, rng, which, extra, opts):
 @pytest.mark.parametrize("which", list(LENGTHS))
 def test_lengths_match_jax_seq_lengths(backend: Backend, rng, which, extra):
     lengths = LENGTHS[which]
-    q, k, v = _qkv(rng, 6, 7) if not extra else _qkv(rng, 7, 7)
+    q, k, v = make_qkv(rng, 7 if extra else 6, 7, d=D, batch=(B, H))
     jax_names = {"key_lengths": "key_value_seq_lengths", "query_lengths": "query_seq_lengths"}
     jkw = {"local_window_size": extra["window"]} if "window" in extra else {}
     want = _jax_attention(
@@ -193,7 +185,7 @@ def test_lengths_match_jax_seq_lengths(backend: Backend, rng, which, extra):
 
 def test_zero_key_length_gives_zero_rows(backend: Backend, rng):
     """jax gives uniform weights here (it masks with a large finite negative); portattn gives 0."""
-    q, k, v = _qkv(rng, 4, 5)
+    q, k, v = make_qkv(rng, 4, 5, d=D, batch=(B, H))
     got = to_numpy(
         pa.attention(
             *(backend.asarray(a) for a in (q, k, v)),
@@ -205,7 +197,7 @@ def test_zero_key_length_gives_zero_rows(backend: Backend, rng):
 
 
 def test_lengths_broadcast_per_head(backend: Backend, rng):
-    q, k, v = _qkv(rng, 4, 5)
+    q, k, v = make_qkv(rng, 4, 5, d=D, batch=(B, H))
     kl = np.array([[5, 2, 3], [1, 4, 5]])  # (B, H): a length per head too
     got = to_numpy(
         pa.attention(*(backend.asarray(a) for a in (q, k, v)), key_lengths=backend.asarray(kl))
@@ -249,3 +241,91 @@ def test_mha_window_and_key_lengths(backend: Backend, rng):
     want = _torch_sdpa(q, k, v, allowed).swapaxes(1, 2).reshape(B, 9, 8) @ w["wo"]
     got = mha(backend.asarray(x), causal=True, window=(3, 0), key_lengths=backend.asarray(kl))
     assert_close(got, want, rtol=1e-12, xp=backend.xp, dtype=backend.xp.float64)
+
+
+# --- narrow integer lengths -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("int_dtype", ["int8", "uint8", "int16", "uint16"])
+def test_narrow_integer_lengths_do_not_wrap(backend: Backend, rng, int_dtype):
+    xp = backend.xp
+    if not hasattr(xp, int_dtype):
+        pytest.fail(f"{backend.name} has no {int_dtype}")
+    q, k, v = make_qkv(rng, 5, 300, d=4, batch=(2,), backend=backend, dtype=xp.float32)
+    lengths = np.array([100, 120])
+    wide = backend.asarray(lengths)
+    narrow_lengths = backend.asarray(lengths, getattr(xp, int_dtype))
+    for impl in impls_for(backend):
+        want = to_numpy(pa.attention(q, k, v, key_lengths=wide, impl=impl, block_size=64))
+        got = pa.attention(q, k, v, key_lengths=narrow_lengths, impl=impl, block_size=64)
+        np.testing.assert_array_equal(to_numpy(got), want, err_msg=impl)
+    # and the wide answer is right: the padded keys are really hidden
+    cut = to_numpy(pa.attention(q[:1, ...], k[:1, :100, :], v[:1, :100, :]))
+    assert_close(pa.attention(q, k, v, key_lengths=narrow_lengths)[:1, ...], cut, rtol=1e-5)
+
+
+def test_torch_uint64_lengths(rng):
+    import torch
+
+    q, k, v = (torch.from_numpy(rng.standard_normal((2, 4, 300, 8))) for _ in range(3))
+    lengths = torch.tensor([[100], [7]])
+    want = to_numpy(pa.attention(q, k, v, key_lengths=lengths))
+    for impl in ("materialize", "blockwise", "native"):
+        got = pa.attention(q, k, v, key_lengths=lengths.to(torch.uint64), impl=impl)
+        assert_close(got, want, rtol=1e-12)
+
+
+# --- what lies beyond key_lengths never reaches the output ----------------------------
+
+
+@pytest.mark.parametrize("garbage", [np.nan, np.inf, -np.inf])
+def test_non_finite_padding_never_reaches_the_output(backend: Backend, rng, garbage):
+    xp = backend.xp
+    q, k, v = make_qkv(rng, 5, 40, d=4, batch=(2,), backend=backend, dtype=xp.float32)
+    lengths = backend.asarray(np.array([30, 12]))
+    k_np, v_np = to_numpy(k), to_numpy(v)
+    k_bad, v_bad = k_np.copy(), v_np.copy()
+    k_bad[0, 30:], v_bad[0, 30:] = garbage, garbage
+    k_bad[1, 12:], v_bad[1, 12:] = garbage, garbage
+    for impl in impls_for(backend):
+        clean = to_numpy(pa.attention(q, k, v, key_lengths=lengths, impl=impl, block_size=8))
+        with np.errstate(all="ignore"):
+            got = pa.attention(
+                q,
+                backend.asarray(k_bad, xp.float32),
+                backend.asarray(v_bad, xp.float32),
+                key_lengths=lengths,
+                impl=impl,
+                block_size=8,
+            )
+        np.testing.assert_array_equal(to_numpy(got), clean, err_msg=impl)
+
+
+# --- windows wider than any sequence, numpy integers ----------------------------------
+
+
+def test_huge_window_means_unbounded(backend: Backend, rng):
+    q = backend.asarray(rng.standard_normal((5, 4)))
+    want = to_numpy(pa.attention(q, q, q, causal=True))
+    for impl in impls_for(backend):
+        if impl == "native" and backend.name == "jax":
+            continue  # float64 is refused by JAX's kernel
+        got = pa.attention(q, q, q, causal=True, window=(2**63, 2**70), impl=impl)
+        assert_close(got, want, rtol=1e-12)
+
+
+def test_numpy_integers_as_window_and_block_size(rng):
+    q = rng.standard_normal((6, 4))
+    want = pa.attention(q, q, q, window=(2, 1), impl="blockwise", block_size=(2, 3))
+    got = pa.attention(
+        q,
+        q,
+        q,
+        window=(np.int64(2), np.int8(1)),
+        impl="blockwise",
+        block_size=(np.int64(2), np.uint16(3)),
+    )
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(
+        pa.attention(q, q, q, window=np.int64(1)), pa.attention(q, q, q, window=1)
+    )
