@@ -6,6 +6,8 @@ are spelled out once more, differently from ``portattn._core._masks``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 
@@ -32,10 +34,9 @@ def allowed_pairs(
     return out
 
 
-def attention_ref(
+def _scores(
     q: np.ndarray,
     k: np.ndarray,
-    v: np.ndarray,
     *,
     mask: np.ndarray | None = None,
     bias: np.ndarray | None = None,
@@ -44,11 +45,14 @@ def attention_ref(
     window: int | tuple[int, int] | None = None,
     key_lengths: np.ndarray | None = None,
     query_lengths: np.ndarray | None = None,
+    softcap: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return (output, weights) in float64."""
-    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    """(scores, allowed), broadcast to one shape, in float64: every option of attention."""
+    q, k = (np.asarray(a, dtype=np.float64) for a in (q, k))
     lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     s = (q @ np.swapaxes(k, -1, -2)) * (1 / np.sqrt(d) if scale is None else scale)
+    if softcap is not None:
+        s = np.tanh(s / softcap) * softcap  # Gemma 2: cap the scaled scores, then bias and masks
     if bias is not None:
         s = s + np.asarray(bias, dtype=np.float64)
     ok = np.broadcast_to(allowed_pairs(lq, lk, causal=causal, window=window), s.shape)
@@ -60,6 +64,16 @@ def attention_ref(
         ok = ok & (np.arange(lq)[:, None] < np.asarray(query_lengths)[..., None, None])
     ok = ok & (s > -np.inf)  # a -inf bias hides a pair too
     s, ok = np.broadcast_arrays(s, ok)
+    return s, ok
+
+
+def attention_ref(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return (output, weights) in float64; ``options`` are attention's (mask ... softcap)."""
+    s, ok = _scores(q, k, **options)
+    v = np.asarray(v, dtype=np.float64)
+    lk = s.shape[-1]
     w = np.zeros(s.shape)
     if lk == 0:
         return w @ v, w
@@ -70,3 +84,21 @@ def attention_ref(
             e = np.exp(row - row.max())
             flat_w[r][flat_ok[r]] = e / e.sum()
     return w @ v, w
+
+
+def lse_ref(q: np.ndarray, k: np.ndarray, **options: Any) -> np.ndarray:
+    """The log-sum-exp of each row's visible scores, (..., Lq) in float64; -inf for an empty row."""
+    s, ok = _scores(q, k, **options)
+    out = np.full(s.shape[:-1], -np.inf)
+    if s.shape[-1] == 0:
+        return out
+    flat_s, flat_ok, flat_out = (
+        s.reshape(-1, s.shape[-1]),
+        ok.reshape(-1, s.shape[-1]),
+        out.reshape(-1),
+    )
+    for r in range(flat_s.shape[0]):
+        if flat_ok[r].any():
+            row = flat_s[r][flat_ok[r]]
+            flat_out[r] = row.max() + np.log(np.exp(row - row.max()).sum())
+    return out

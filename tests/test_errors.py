@@ -1,8 +1,15 @@
-"""The bad-input table: one test per row, each checking the message names expected and got."""
+"""Bad input: a clear, one-line error naming what was expected and what was received.
+
+The table of bad calls is the one the docs show (``sitegen.errors.CASES``):
+every row raises a one-line TypeError or ValueError, every time. The tests
+after it check, on every backend, the exact message each kind of bad input gets.
+"""
 
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +18,24 @@ import portattn as pa
 from portattn.testing import assert_close, to_numpy
 
 from conftest import Backend, make_qkv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "_gen"))
+
+from sitegen.errors import CASES, run_case
+
+# --- the table -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.code for c in CASES])
+def test_case_raises_a_clear_error(case):
+    got = run_case(case)  # raises RuntimeError if the call stopped raising
+    if got.kind == "not run":  # only where np.longdouble is float64 itself
+        assert case.needs == "longdouble", got.message
+        return
+    assert got.kind in ("TypeError", "ValueError"), got.message
+    assert "\n" not in got.message
+    assert "expected" in got.message or "ambiguous" in got.message or "overflow" in got.message
+    assert run_case(case) == got  # the same call, the same answer
 
 
 @pytest.fixture

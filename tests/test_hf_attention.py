@@ -21,6 +21,8 @@ from transformers.masking_utils import (
 
 from portattn.integrations.transformers import attention_forward, register
 
+from reference import attention_ref
+
 F = torch.nn.functional
 B, HQ, HKV, D = 2, 4, 2, 8
 
@@ -148,10 +150,18 @@ def test_softcap_against_the_float64_formula():
         Layer(), q, k, v, m, scaling=0.3, softcap=1.5, output_attentions=True
     )
     rep = HQ // HKV
-    s = q @ k.repeat_interleave(rep, dim=1).transpose(-1, -2) * 0.3
-    s = torch.tanh(s / 1.5) * 1.5  # Gemma 2: cap the scaled scores, then mask
-    w = torch.softmax(s.masked_fill(~m, -torch.inf), dim=-1)
-    want = (w @ v.repeat_interleave(rep, dim=1)).transpose(1, 2)
+    want, w = (
+        torch.from_numpy(a)
+        for a in attention_ref(  # Gemma 2: cap the scaled scores, then mask
+            q.numpy(),
+            k.repeat_interleave(rep, dim=1).numpy(),
+            v.repeat_interleave(rep, dim=1).numpy(),
+            mask=m.numpy(),
+            scale=0.3,
+            softcap=1.5,
+        )
+    )
+    want = want.transpose(1, 2)
     live = _live(m)
     _close(out[live], want[live])
     assert weights is not None

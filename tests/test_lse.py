@@ -8,8 +8,8 @@ import pytest
 import portattn as pa
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, rtol_for
-from reference import allowed_pairs
+from conftest import Backend, make_qkv, rtol_for
+from reference import allowed_pairs, lse_ref
 
 IMPLS = [
     pytest.param({"impl": "materialize"}, id="materialize"),
@@ -17,29 +17,15 @@ IMPLS = [
 ]
 
 
-def _lse_ref(q, k, *, ok=None):
-    s = (q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1])
-    if ok is not None:
-        s = np.where(ok, s, -np.inf)
-    top = np.max(s, axis=-1, keepdims=True)
-    top = np.where(np.isneginf(top), 0.0, top)
-    with np.errstate(divide="ignore"):
-        return (top + np.log(np.sum(np.exp(s - top), axis=-1, keepdims=True)))[..., 0]
-
-
 @pytest.mark.parametrize("impl", IMPLS)
 def test_lse_matches_reference(backend: Backend, rng, impl):
     xp = backend.xp
-    q, k, v = (
-        rng.standard_normal((2, 7, 5)),
-        rng.standard_normal((2, 9, 5)),
-        rng.standard_normal((2, 9, 3)),
-    )
+    q, k, v = make_qkv(rng, 7, 9, d=5, dv=3, batch=(2,))
     for dtype in (xp.float32, xp.float64):
         out, lse = pa.attention(
             *(backend.asarray(a, dtype) for a in (q, k, v)), return_lse=True, **impl
         )
-        assert_close(lse, _lse_ref(q, k), rtol=rtol_for(backend, dtype), xp=xp, dtype=dtype)
+        assert_close(lse, lse_ref(q, k), rtol=rtol_for(backend, dtype), xp=xp, dtype=dtype)
         assert tuple(out.shape) == (2, 7, 3)
 
 
@@ -59,11 +45,7 @@ def test_lse_is_in_compute_dtype_for_half(backend: Backend, rng):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_lse_neg_inf_for_rows_that_see_nothing(backend: Backend, rng, impl):
     xp = backend.xp
-    q, k, v = (
-        rng.standard_normal((6, 4)),
-        rng.standard_normal((3, 4)),
-        rng.standard_normal((3, 2)),
-    )
+    q, k, v = make_qkv(rng, 6, 3, d=4, dv=2)
     with np.errstate(all="raise"):
         out, lse = pa.attention(
             *(backend.asarray(a, xp.float64) for a in (q, k, v)),
@@ -82,11 +64,7 @@ def test_lse_neg_inf_for_rows_that_see_nothing(backend: Backend, rng, impl):
 def test_merge_over_key_chunks_equals_full_call(backend: Backend, rng, impl, chunks):
     xp = backend.xp
     lk = sum(chunks)
-    q, k, v = (
-        rng.standard_normal((2, 3, 5, 4)),
-        rng.standard_normal((2, 3, lk, 4)),
-        rng.standard_normal((2, 3, lk, 6)),
-    )
+    q, k, v = make_qkv(rng, 5, lk, d=4, dv=6, batch=(2, 3))
     args = [backend.asarray(a, xp.float64) for a in (q, k, v)]
     full, full_lse = pa.attention(*args, return_lse=True, **impl)
     outs, lses, start = [], [], 0
@@ -112,11 +90,7 @@ def test_merge_with_masks_matches_masked_full_call(backend: Backend, rng):
     """Causal split over key chunks: some chunks show some rows nothing (lse -inf)."""
     xp = backend.xp
     lq = lk = 8
-    q, k, v = (
-        rng.standard_normal((lq, 4)),
-        rng.standard_normal((lk, 4)),
-        rng.standard_normal((lk, 3)),
-    )
+    q, k, v = make_qkv(rng, lq, lk, d=4, dv=3)
     ok = allowed_pairs(lq, lk, causal=True)
     args = [backend.asarray(a, xp.float32) for a in (q, k, v)]
     full = pa.attention(*args, causal=True)
@@ -135,7 +109,7 @@ def test_merge_with_masks_matches_masked_full_call(backend: Backend, rng):
     with np.errstate(all="raise"):
         out, lse = pa.merge_attention(outs, lses)
     assert_close(out, full, rtol=rtol_for(backend, xp.float32), xp=xp, dtype=xp.float32)
-    assert_close(lse, _lse_ref(q, k, ok=ok), rtol=rtol_for(backend, xp.float32), xp=xp)
+    assert_close(lse, lse_ref(q, k, mask=ok), rtol=rtol_for(backend, xp.float32), xp=xp)
 
 
 def test_merge_all_chunks_empty_gives_zero(backend: Backend):
