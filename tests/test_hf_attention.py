@@ -19,6 +19,7 @@ from transformers.masking_utils import (
     sliding_window_causal_mask_function,
 )
 
+from portattn.integrations import transformers as hf
 from portattn.integrations.transformers import attention_forward, register
 
 from reference import attention_ref
@@ -250,7 +251,7 @@ def test_dropout_while_training_is_refused_and_allowed_in_eval():
     attention_forward(layer.eval(), q, k, v, None, dropout=0.1)
 
 
-@pytest.mark.parametrize("name", ["position_bias", "s_aux", "head_mask"])
+@pytest.mark.parametrize("name", ["head_mask", "alibi"])
 def test_unknown_keyword_arguments_are_refused(name):
     q, k, v = _qkv(3, 3)
     with pytest.raises(TypeError, match=f"cannot honour the keyword argument.*{name}"):
@@ -259,6 +260,32 @@ def test_unknown_keyword_arguments_are_refused(name):
     attention_forward(
         Layer(), q, k, v, None, use_cache=True, position_ids=torch.arange(3), **{name: None}
     )
+
+
+def test_hints_and_extras_reach_attention(monkeypatch):
+    """position_bias becomes a bias, s_aux the sinks, and deterministic changes nothing."""
+    layer = torch.nn.Module()
+    q = torch.randn(1, 4, 3, 8)
+    k = v = torch.randn(1, 2, 5, 8)
+    seen = []
+    real = hf.attention
+    monkeypatch.setattr(hf, "attention", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    pb = torch.randn(1, 4, 3, 5)
+    attention_forward(layer, q, k, v, None, position_bias=pb, deterministic=False)
+    assert torch.equal(seen[-1]["bias"], pb.reshape(1, 2, 2, 3, 5))
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"expected position_bias to be a float tensor \(1 or batch, 1 or 4, 3, 5\), "
+            r"got torch.float32 tensor of shape \(1, 4, 3, 4\)"
+        ),
+    ):
+        attention_forward(layer, q, k, v, None, position_bias=torch.randn(1, 4, 3, 4))
+    with pytest.raises(
+        ValueError,
+        match=r"expected s_aux \(attention sinks\) to be a tensor of shape \(4,\), got \(2,\)",
+    ):
+        attention_forward(layer, q, k, v, None, s_aux=torch.zeros(2))
 
 
 def test_bad_masks_and_shapes_are_refused():

@@ -35,7 +35,8 @@ def one_thread():
 
 
 def references(arch: str) -> tuple[str, ...]:
-    return ("eager",) if arch == "gemma2" else ("eager", "sdpa")
+    # transformers' sdpa refuses Gemma 2's soft-capping and gpt-oss's sinks
+    return ("eager",) if arch in ("gemma2", "gpt_oss") else ("eager", "sdpa")
 
 
 @pytest.fixture(scope="module", params=hf.ARCHITECTURES)
@@ -267,3 +268,113 @@ def test_native_impl_refuses_gemma2_soft_capping_by_name():
     ids, mask = batch()
     with pytest.raises(NotImplementedError, match="cannot soft-cap"):
         model(input_ids=ids, attention_mask=mask)
+
+
+# T5 (encoder-decoder: relative position bias, cross-attention, a padded source)
+# and ModernBERT (a masked LM: bidirectional, a local layer, the deterministic hint).
+
+_OTHERS: dict[str, torch.nn.Module] = {}
+
+
+@pytest.fixture(params=hf.NON_CAUSAL_ARCHITECTURES)
+def other(request: pytest.FixtureRequest):
+    arch = request.param
+    if arch not in _OTHERS:
+        _OTHERS[arch] = hf.tiny_model(arch, attn_implementation=PORTATTN)
+    m = _OTHERS[arch]
+    yield arch, m
+    m.set_attn_implementation(PORTATTN)
+    m.eval()
+    m.zero_grad(set_to_none=True)
+
+
+def other_inputs(arch: str) -> dict[str, torch.Tensor]:
+    ids, mask = batch()
+    if arch == "t5":  # a padded source, and a target of 7 tokens (causal, with a cache in generate)
+        return {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": ids[:, -7:]}
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def other_real(arch: str) -> torch.Tensor:
+    """The positions whose logits are defined: every target token for T5, real tokens otherwise."""
+    if arch == "t5":
+        return torch.ones(len(LENGTHS), 7, dtype=torch.bool)
+    return batch()[1].bool()
+
+
+def other_logits(model, arch: str, implementation: str) -> torch.Tensor:
+    model.set_attn_implementation(implementation)
+    with torch.no_grad():
+        return model(**other_inputs(arch)).logits
+
+
+def test_non_causal_logits(other):
+    arch, model = other
+    got = other_logits(model, arch, PORTATTN)
+    real = other_real(arch)
+    for ref in ("eager", "sdpa"):
+        want = other_logits(model, arch, ref)
+        assert (got[real] - want[real]).abs().max() <= TOL, ref
+
+
+def test_non_causal_gradients(other):
+    arch, model = other
+    inputs = other_inputs(arch)
+    if arch == "t5":
+        labels = inputs["decoder_input_ids"].contiguous()
+    else:
+        labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+    grads = {}
+    for name in (PORTATTN, "eager"):
+        model.set_attn_implementation(name)
+        model.train()
+        model.zero_grad(set_to_none=True)
+        model(**inputs, labels=labels).loss.backward()
+        grads[name] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    got, want = grads.values()
+    assert got.keys() == want.keys()
+    if arch == "t5":  # the relative bias tables learn through position_bias
+        assert any("relative_attention_bias" in n for n in got)
+    worst = max((got[n] - want[n]).abs().max().item() for n in got)
+    assert worst <= TOL
+
+
+def test_t5_greedy_generation_with_the_cache():
+    model = _OTHERS.get("t5") or hf.tiny_model("t5", attn_implementation=PORTATTN)
+    ids, mask = batch()
+    tokens = {}
+    for name in (PORTATTN, "sdpa"):
+        model.set_attn_implementation(name)
+        tokens[name] = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            use_cache=True,
+        )
+    got, want = tokens.values()
+    assert got.shape == (len(LENGTHS), NEW_TOKENS + 1)  # the decoder start token, then 16
+    assert torch.equal(got, want)
+
+
+def test_t5_position_bias_matters():
+    """T5's agreement says something: without its relative bias the logits move far."""
+    model = _OTHERS.get("t5") or hf.tiny_model("t5", attn_implementation=PORTATTN)
+    biased = other_logits(model, "t5", PORTATTN)
+    tables = [
+        m.relative_attention_bias
+        for m in model.modules()
+        if hasattr(m, "compute_bias") and m.has_relative_attention_bias
+    ]
+    saved = [t.weight.detach().clone() for t in tables]
+    try:
+        with torch.no_grad():
+            for t in tables:
+                t.weight.zero_()
+        flat = other_logits(model, "t5", PORTATTN)
+    finally:
+        with torch.no_grad():
+            for t, w in zip(tables, saved, strict=True):
+                t.weight.copy_(w)
+    assert (biased - flat).abs().max() > 1000 * TOL

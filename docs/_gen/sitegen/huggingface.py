@@ -25,6 +25,7 @@ NAMES = {
     "qwen2": "Qwen2",
     "gemma2": "Gemma 2",
     "gpt2": "GPT-2",
+    "gpt_oss": "gpt-oss",
 }
 
 
@@ -43,15 +44,18 @@ class Support:
 
 
 def _references(arch: str) -> tuple[str, ...]:
-    return ("eager",) if arch == "gemma2" else ("eager", "sdpa")  # Gemma 2 refuses sdpa
+    # transformers' sdpa refuses Gemma 2's soft-capping and gpt-oss's sinks
+    return ("eager",) if arch in ("gemma2", "gpt_oss") else ("eager", "sdpa")
 
 
 def _features(arch: str, config: object) -> str:
     parts = ["left padding (boolean mask)", "KV cache"]
-    if getattr(config, "sliding_window", None) and arch in ("mistral", "gemma2"):
+    if getattr(config, "sliding_window", None) and arch in ("mistral", "gemma2", "gpt_oss"):
         parts.append(f"sliding window {config.sliding_window}")  # type: ignore[attr-defined]
     if getattr(config, "attn_logit_softcapping", None):
         parts.append(f"soft cap {config.attn_logit_softcapping:g}")  # type: ignore[attr-defined]
+    if arch == "gpt_oss":
+        parts.append("attention sinks (s_aux)")
     if arch == "gpt2":
         parts.append("no KV groups (grouping read from the shapes)")
     return ", ".join(parts)
@@ -159,7 +163,7 @@ def support_markdown() -> str:
                 f"| refused: {html.escape(s.refused)} | | | |"
             )
             continue
-        sdpa = _e(s.logits["sdpa"]) if "sdpa" in s.logits else "n/a (sdpa refuses soft-capping)"
+        sdpa = _e(s.logits["sdpa"]) if "sdpa" in s.logits else "n/a (sdpa refuses this model)"
         ref, same = s.generate
         lines.append(
             f"| {NAMES[arch]} (`{s.model}`) | {s.heads} | {s.features} "

@@ -12,10 +12,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["ARCHITECTURES", "tiny_batch", "tiny_model"]
+__all__ = ["ARCHITECTURES", "NON_CAUSAL_ARCHITECTURES", "tiny_batch", "tiny_model"]
 
 
+# Causal language models: each one generates, and is trained on next tokens.
 ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma2", "gpt2")
+# The others: T5 (encoder-decoder, relative position bias), ModernBERT (a
+# bidirectional encoder with local layers, a masked LM).
+NON_CAUSAL_ARCHITECTURES = ("t5", "modernbert")
 _VOCAB = 128
 
 # Weights drawn five times wider than transformers' default (0.02), so that the
@@ -66,21 +70,80 @@ def _config(arch: str) -> Any:
             resid_pdrop=0.0,
             embd_pdrop=0.0,
         )
-    msg = f"expected arch to be one of {', '.join(map(repr, ARCHITECTURES))}, got {arch!r}"
+    return _config_rest(arch)
+
+
+def _config_rest(arch: str) -> Any:
+    import transformers
+
+    if arch == "gpt_oss":
+        # Sinks drawn wide (initializer_range) so that they change the result;
+        # 4 experts, 2 per token; plain RoPE (gpt-oss's YaRN needs a long context).
+        return transformers.GptOssConfig(
+            **_DECODER,
+            head_dim=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        )
+    if arch == "t5":
+        # Few buckets and a short max_distance, so that the test sequences
+        # reach the logarithmic buckets and the last one.
+        return transformers.T5Config(
+            vocab_size=_VOCAB,
+            d_model=64,
+            d_kv=16,
+            d_ff=128,
+            num_layers=2,
+            num_decoder_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=20,
+            dropout_rate=0.0,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+            eos_token_id=2,
+        )
+    if arch == "modernbert":
+        # Layer 0 local (a window of 4, i.e. 2 each side), layer 1 global.
+        return transformers.ModernBertConfig(
+            **_SHARED,
+            pad_token_id=0,
+            cls_token_id=1,
+            sep_token_id=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            global_attn_every_n_layers=2,
+            local_attention=4,
+            max_position_embeddings=128,
+            attention_dropout=0.0,
+            embedding_dropout=0.0,
+            mlp_dropout=0.0,
+        )
+    known = ARCHITECTURES + NON_CAUSAL_ARCHITECTURES
+    msg = f"expected arch to be one of {', '.join(map(repr, known))}, got {arch!r}"
     raise ValueError(msg)
 
 
 def tiny_model(arch: str, *, attn_implementation: str, seed: int = 0) -> Any:
-    """A seeded random causal LM of architecture ``arch``: 2 layers, width 64, vocabulary 128.
+    """A seeded random model of architecture ``arch``: 2 layers, width 64, vocabulary 128.
 
-    Four query heads share two key/value heads, except GPT-2 (four of each).
-    Mistral slides a window of 4; Gemma 2 slides one on its first layer and
-    soft-caps its scores at 2.0. Dropout is 0 everywhere. Nothing is
-    downloaded. The model comes back in eval mode, in float32.
+    A causal LM for each of :data:`ARCHITECTURES`: four query heads share two
+    key/value heads, except GPT-2 (four of each). Mistral slides a window of
+    4; Gemma 2 and gpt-oss slide one on their first layer; Gemma 2 soft-caps
+    its scores at 2.0; gpt-oss has attention sinks. Of
+    :data:`NON_CAUSAL_ARCHITECTURES`, T5 is a sequence-to-sequence LM with 4
+    heads on each side and 2 layers each, and ModernBERT a masked LM with a
+    local first layer. Dropout is 0 everywhere. Nothing is downloaded. The
+    model comes back in eval mode, in float32.
 
     Parameters
     ----------
-    arch : {"llama", "mistral", "qwen2", "gemma2", "gpt2"}
+    arch : {"llama", "mistral", "qwen2", "gemma2", "gpt2", "gpt_oss", "t5", "modernbert"}
         The architecture whose configuration class builds the model.
     attn_implementation : str
         ``"eager"``, ``"sdpa"``, or a name from :func:`register`.
@@ -98,12 +161,16 @@ def tiny_model(arch: str, *, attn_implementation: str, seed: int = 0) -> Any:
     >>> model.config.num_hidden_layers, model.config._attn_implementation
     (2, 'portattn')
     """
-    from transformers import AutoModelForCausalLM
+    import transformers
 
     config = _config(arch)
+    auto = {
+        "t5": transformers.AutoModelForSeq2SeqLM,
+        "modernbert": transformers.AutoModelForMaskedLM,
+    }.get(arch, transformers.AutoModelForCausalLM)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(
+        model = auto.from_config(
             config, attn_implementation=attn_implementation, dtype=torch.float32
         )
     return model.eval()

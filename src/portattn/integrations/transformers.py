@@ -45,9 +45,17 @@ from .._attention import Impl, attention, attention_weights
 from .._layers._heads import group_heads, group_mask, ungroup_heads
 from .._lib._compat import array_namespace
 from .._lib._typing import Namespace
-from ._tiny import ARCHITECTURES, tiny_batch, tiny_model
+from ._tiny import ARCHITECTURES, NON_CAUSAL_ARCHITECTURES, tiny_batch, tiny_model
 
-__all__ = ["ARCHITECTURES", "attention_forward", "main", "register", "tiny_batch", "tiny_model"]
+__all__ = [
+    "ARCHITECTURES",
+    "NON_CAUSAL_ARCHITECTURES",
+    "attention_forward",
+    "main",
+    "register",
+    "tiny_batch",
+    "tiny_model",
+]
 
 _IMPLS = typing.get_args(Impl)
 
@@ -69,10 +77,13 @@ _NO_EFFECT = frozenset(
         "max_length_q",
         "max_length_k",
         "seq_idx",
+        # ModernBERT's request for flash-attn's deterministic backward: portattn's
+        # backward sums in a fixed order, so it is deterministic already.
+        "deterministic",
     }
 )
 # Keyword arguments with a meaning that attention_forward honours.
-_HONOURED = frozenset({"is_causal", "sliding_window", "softcap"})
+_HONOURED = frozenset({"is_causal", "sliding_window", "softcap", "position_bias", "s_aux"})
 
 
 def attention_forward(
@@ -125,7 +136,12 @@ def attention_forward(
         ``is_causal`` (overrides ``module.is_causal``), ``sliding_window``
         (the mask already carries it; applied here only when the mask is
         ``None``), ``softcap`` (``tanh(s / c) * c`` on the scaled scores,
-        before masking, as Gemma 2 does) and ``output_attentions``. Keyword
+        before masking, as Gemma 2 does), ``position_bias`` (T5's relative
+        bias, shape (1 or B, Hq, Lq, Lk), added to the scaled scores as a
+        bias), ``s_aux`` (gpt-oss's attention sinks, shape (Hq,), passed as
+        ``sinks``: one more logit per row, whose weight is dropped),
+        ``deterministic`` (ModernBERT's flash-attn hint: portattn's backward
+        is deterministic anyway) and ``output_attentions``. Keyword
         arguments that change nothing here (cache and output bookkeeping,
         packed-sequence hints that the mask already carries) are accepted;
         any other one that is not ``None`` is refused.
@@ -140,8 +156,8 @@ def attention_forward(
     Raises
     ------
     TypeError
-        An unsupported keyword argument (``position_bias``, attention sinks,
-        a head mask, ...) or a mask that is neither boolean nor floating.
+        An unsupported keyword argument (a head mask, ...) or a mask that is
+        neither boolean nor floating.
     ValueError
         Dropout while training; ranks or head counts that do not fit.
 
@@ -187,6 +203,7 @@ def attention_forward(
         raise ValueError(msg)
     xp = array_namespace(query, key, value)
     mask, bias = _mask_parts(attention_mask, hq=hq, hkv=hkv, lq=lq, lk=lk, xp=xp)
+    bias = _with_position_bias(bias, kwargs.get("position_bias"), hq=hq, hkv=hkv, lq=lq, lk=lk)
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
@@ -210,6 +227,9 @@ def attention_forward(
         "window": window,
         "softcap": kwargs.get("softcap"),  # Gemma 2's tanh cap, before the mask as it does
     }
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:
+        options["sinks"] = _grouped_sinks(sinks, hq=hq, hkv=hkv)
 
     # Group the query heads onto their key/value head instead of repeating K and V:
     # q (B, Hkv, G, Lq, d) against k, v (B, Hkv, 1, Lk, d) broadcast over G.
@@ -255,6 +275,49 @@ def _mask_parts(
         return None, m  # additive: 0 where allowed, a large negative number elsewhere
     msg = f"expected attention_mask to be boolean or floating, got {m.dtype}"
     raise TypeError(msg)
+
+
+def _with_position_bias(
+    bias: torch.Tensor | None,
+    position_bias: object,
+    *,
+    hq: int,
+    hkv: int,
+    lq: int,
+    lk: int,
+) -> torch.Tensor | None:
+    """T5's ``position_bias`` added to the mask's bias (both additive, as eager adds them)."""
+    if position_bias is None:
+        return bias
+    pb = position_bias
+    if (
+        not isinstance(pb, torch.Tensor)
+        or not pb.is_floating_point()
+        or pb.ndim != 4
+        or int(pb.shape[1]) not in (1, hq)
+        or tuple(pb.shape[2:]) != (lq, lk)
+    ):
+        got = (
+            f"{pb.dtype} tensor of shape {tuple(pb.shape)}"
+            if isinstance(pb, torch.Tensor)
+            else type(pb).__qualname__
+        )
+        want = f"(1 or batch, 1 or {hq}, {lq}, {lk})"
+        msg = f"expected position_bias to be a float tensor {want}, got {got}"
+        raise ValueError(msg)
+    xp = array_namespace(pb)
+    grouped: torch.Tensor = group_mask(pb, num_kv_heads=hkv, heads_axis=True, xp=xp)
+    # (1 or B, Hkv, G, Lq, Lk), or (1 or B, 1, 1, Lq, Lk) for a bias shared by the heads
+    return grouped if bias is None else bias + grouped
+
+
+def _grouped_sinks(sinks: object, *, hq: int, hkv: int) -> torch.Tensor:
+    """gpt-oss's sinks, one per query head (Hq,), in the grouped layout (Hkv, G)."""
+    if not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (hq,):
+        got = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__qualname__
+        msg = f"expected s_aux (attention sinks) to be a tensor of shape ({hq},), got {got}"
+        raise ValueError(msg)
+    return sinks.reshape(hkv, hq // hkv)
 
 
 def _wants_weights(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
