@@ -10,12 +10,13 @@ run). ``scripts/gpu-check.sh`` runs it after the CUDA test sessions. Writes
 round, NumPy standing in for CuPy: a check that the script works, on a
 machine without a GPU, not a measurement. It is not part of the test suite.
 
-Method, as ``benchmarks/run.py``: every subject at one point (N, causal,
-dtype) is timed in the same rounds, interleaved, after one warm-up call and
-one call that measures peak memory; ratios are taken within a run. A timing
-starts after a device synchronisation and ends at one: with CUDA events
-(``torch.cuda.Event``/``cupy.cuda.Event`` on the library's current stream)
-on the GPU, ``time.perf_counter`` on the CPU. Half-precision inputs are
+Method, as ``benchmarks/run.py`` (both from ``benchmarks/core.py``): every
+subject at one point (N, causal, dtype) is timed in the same rounds,
+interleaved, after one warm-up call and one call that measures peak memory;
+ratios are taken within a run. A timing starts after a device
+synchronisation and ends at one: with CUDA events (``torch.cuda.Event``/
+``cupy.cuda.Event`` on the library's current stream) on the GPU,
+``time.perf_counter`` on the CPU. Half-precision inputs are
 computed in float32 by portattn and cast back; CuPy has no bfloat16.
 
 Record schema (``gpu.json``; close to ``cpu.json``, so the Performance page
@@ -30,8 +31,9 @@ can read both):
   ``d``, ``sizes``, ``training_sizes``, ``dtypes`` per library,
   ``training_dtypes``, ``rounds``, ``device``, ``timer``, ``dry_run``,
   ``stand_ins``), ``skipped`` (sentences: what did not run, and why);
-- ``throughput``: rows ``{subject, n, causal, dtype, runs, median_s, min_s,
-  gflops, vs_sdpa, peak_bytes}``. Subjects are ``"torch SDPA"`` and
+- ``throughput``: rows ``{subject, library, impl, kind, setting, n, causal,
+  dtype, runs, median_s, min_s, gflops, vs_sdpa, peak_bytes}`` (the subject's
+  fields as ``core.Subject`` writes them). Subjects are ``"torch SDPA"`` and
   ``"portattn <library> <impl>"`` for library ``torch`` (impl ``auto``,
   ``blockwise``, ``materialize``, ``native``) and ``cupy`` (``auto``,
   ``blockwise``, ``materialize``); ``gflops`` counts ``4 B H N^2 d`` FLOPs,
@@ -41,15 +43,16 @@ can read both):
   (``torch.cuda.max_memory_allocated`` after a reset), ``null`` where the
   library's allocations are invisible to it (CuPy);
 - ``training`` (torch, forward + backward of ``out`` against a fixed
-  cotangent): ``{rows: [{subject, n, causal, dtype, runs, median_s, vs_sdpa,
-  peak_bytes, io_bytes, peak_over_io}]}``, subjects ``"torch SDPA"``,
-  ``"portattn torch blockwise"`` and ``"portattn torch auto"``;
+  cotangent): ``{rows: [{subject, library, impl, kind, setting, n, causal,
+  dtype, runs, median_s, vs_sdpa, peak_bytes, io_bytes, peak_over_io}]}``,
+  subjects ``"torch SDPA"``, ``"portattn torch blockwise"`` and ``"portattn
+  torch auto"``;
   ``peak_bytes`` as above with q, k, v and the cotangent as the inputs,
   ``io_bytes`` q, k, v, out, their three gradients and the cotangent;
-- ``chapter``: ``{shape, loops, median_us, ratio_to_plain}``: the time per
-  call at the chapter's size (6 tokens, d=8), where the launch overhead is
-  everything; ``ratio_to_plain`` against the hand-written formula on the
-  same library (``"plain torch"``, ``"plain cupy"``);
+- ``chapter``: ``{shape, loops, median_us, peers, ratio_to_plain}``: the time
+  per call at the chapter's size (6 tokens, d=8), where the launch overhead
+  is everything; ``ratio_to_plain`` against the hand-written formula on the
+  same library (``"plain torch"``, ``"plain cupy"``), paired within rounds;
 - ``profile``: per library, ``{tile, median_us, share}``: one blockwise
   tile's passes timed one by one, at the tile portattn's default picks.
 
@@ -64,7 +67,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -74,12 +76,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import core
+from core import CHAPTER_SHAPE, B, D, H, Subject, gflop, plain, sdpa
+
 HERE = Path(__file__).resolve().parent
-B, H, D = 1, 8, 64
 SIZES = (512, 2048, 8192, 16384)
 TRAINING_SIZES = (2048, 8192)
 TRAINING_DTYPES = ("float32", "bfloat16")
-CHAPTER_SHAPE = (6, 8)  # tokens, features: the chapter's worked example
 
 # A dry run: the same code, sizes that take seconds on a loaded CPU. 600 is
 # no power of two, so the blockwise path meets a ragged last block.
@@ -282,35 +285,12 @@ def _command(*argv: str) -> str | None:
 
 
 def machine(device: str, cupy_lib: Library | None) -> dict[str, Any]:
-    import array_api_compat
-    import numpy as np
+    """The host as ``run.py`` records it (``core.machine``), and the GPU, CUDA and CuPy."""
     import torch
 
-    import portattn
-
-    out: dict[str, Any] = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "torch": torch.__version__,
-        "array_api_compat": array_api_compat.__version__,
-        "portattn": portattn.__version__,
-    }
+    out = core.machine()
     if device == "cpu":
-        cpu = platform.processor()
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
-        return {
-            **out,
-            "cpu": cpu,
-            "cores": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-        }
+        return out
     props = torch.cuda.get_device_properties(0)
     smi = _command(
         "nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader", "-i", "0"
@@ -348,7 +328,7 @@ def machine(device: str, cupy_lib: Library | None) -> dict[str, Any]:
 
 # --- timing -----------------------------------------------------------------------------
 
-Subject = tuple[Callable[[], Any], Library]
+Call = tuple[Callable[[], Any], Library]  # a call, and the library that times it
 
 
 def _why(exc: BaseException) -> str:
@@ -357,36 +337,38 @@ def _why(exc: BaseException) -> str:
 
 
 def time_interleaved(
-    subjects: dict[str, Subject], rounds: int, point: str, skipped: list[str]
-) -> tuple[dict[str, list[float]], dict[str, int | None]]:
-    """Times per subject, interleaved round by round, and each one's peak extra memory.
+    subjects: dict[Subject, Call],
+    rounds: int,
+    point: str,
+    skipped: list[str],
+) -> tuple[dict[Subject, list[float]], dict[Subject, int | None]]:
+    """Times per subject (``core.time_interleaved``), and each one's peak extra memory.
 
-    A subject whose warm-up call raises (out of memory, a refused
-    ``impl="native"``) is dropped, the reason appended to ``skipped``.
+    Each subject is first called once to warm up (kernels, plans, allocator
+    pools) and once to measure its peak. A subject whose warm-up call raises
+    (out of memory, a refused ``impl="native"``) is dropped, the reason
+    appended to ``skipped``.
     """
-    live: dict[str, Subject] = {}
-    peaks: dict[str, int | None] = {}
-    for name, (fn, lib) in subjects.items():
+    live: dict[Subject, Call] = {}
+    peaks: dict[Subject, int | None] = {}
+    for s, (fn, lib) in subjects.items():
         try:
-            fn()  # warm-up: kernels, plans, allocator pools
+            fn()
             lib.sync()
-            peaks[name] = None if lib.meter is None else lib.meter.extra(lambda fn=fn: fn())
+            peaks[s] = None if lib.meter is None else lib.meter.extra(lambda fn=fn: fn())
             lib.sync()
         except (RuntimeError, MemoryError, NotImplementedError) as exc:
-            skipped.append(f"{name} at {point}: {_why(exc)}")
+            skipped.append(f"{s.label} at {point}: {_why(exc)}")
             lib.release()
             continue
-        live[name] = (fn, lib)
-    times: dict[str, list[float]] = {name: [] for name in live}
-    for _ in range(rounds):
-        for name, (fn, lib) in live.items():
-            times[name].append(timed(fn, lib))
-    return times, peaks
+        live[s] = (fn, lib)
+    funcs = {s: fn for s, (fn, _) in live.items()}
+    timers = {s: _timer(lib) for s, (_, lib) in live.items()}
+    return core.time_interleaved(funcs, rounds, timers=timers), peaks
 
 
-def gflop(n: int, causal: bool, heads: int) -> float:
-    flops = 4.0 * B * heads * n * n * D
-    return (flops / 2 if causal else flops) / 1e9
+def _timer(lib: Library) -> core.Timer:
+    return lambda fn, reps: timed(fn, lib, reps)
 
 
 def throughput_subjects(
@@ -398,7 +380,7 @@ def throughput_subjects(
     heads: int,
     libs: list[Library],
     skipped: list[str],
-) -> dict[str, Subject]:
+) -> dict[Subject, Call]:
     import torch
 
     import portattn as pa
@@ -407,7 +389,7 @@ def throughput_subjects(
     q, k, v = (
         torch.randn(B, heads, n, D, device=device, dtype=getattr(torch, dtype)) for _ in range(3)
     )
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+    kernel = torch.nn.functional.scaled_dot_product_attention
     need = _MATERIALIZE_TEMPORARIES * B * heads * n * n * 4
     fits = need < 0.8 * free_bytes(device)
     if not fits:
@@ -416,12 +398,12 @@ def throughput_subjects(
             f"more than the free memory allows"
         )
     impls = ["auto", "blockwise", *(["materialize"] if fits else [])]
-    out: dict[str, Subject] = {
-        "torch SDPA": (lambda: sdpa(q, k, v, is_causal=causal), tlib),
+    out: dict[Subject, Call] = {
+        sdpa(): (lambda: kernel(q, k, v, is_causal=causal), tlib),
     }
     # One library's subjects run back to back, as in run.py.
     for impl in [*impls, "native"]:
-        out[f"portattn torch {impl}"] = (
+        out[Subject("torch", impl)] = (
             lambda impl=impl: pa.attention(q, k, v, causal=causal, impl=impl),
             tlib,
         )
@@ -430,7 +412,7 @@ def throughput_subjects(
             continue
         cq, ck, cv = (lib.from_torch(x) for x in (q, k, v))
         for impl in impls:
-            out[f"portattn {lib.name} {impl}"] = (
+            out[Subject(lib.name, impl)] = (
                 lambda impl=impl, cq=cq, ck=ck, cv=cv: pa.attention(
                     cq, ck, cv, causal=causal, impl=impl
                 ),
@@ -464,30 +446,30 @@ def throughput(
                 del subjects
                 for lib in libs:
                     lib.release()
-                if "torch SDPA" not in times:
+                if sdpa() not in times:
                     save()
                     continue
-                sdpa = statistics.median(times["torch SDPA"])
-                for name, ts in times.items():
+                base = statistics.median(times[sdpa()])
+                for s, ts in times.items():
                     med = statistics.median(ts)
                     row = {
-                        "subject": name,
+                        **s.fields(),
                         "n": n,
                         "causal": causal,
                         "dtype": dtype,
                         "runs": len(ts),
                         "median_s": med,
                         "min_s": min(ts),
-                        "gflops": gflop(n, causal, heads) / med,
-                        "vs_sdpa": sdpa / med,
-                        "peak_bytes": peaks[name],
+                        "gflops": gflop(n, causal, heads=heads) / med,
+                        "vs_sdpa": base / med,
+                        "peak_bytes": peaks[s],
                     }
                     rows.append(row)
-                    extra = peaks[name]
+                    extra = peaks[s]
                     peak = "" if extra is None else f" peak {extra / 2**20:9.1f} MiB"
                     print(
-                        f"N={n:5d} causal={causal!s:5} {dtype:8s} {name:28s} "
-                        f"{med * 1e3:9.3f} ms {row['gflops']:8.1f} GFLOP/s x{sdpa / med:.2f}{peak}"
+                        f"N={n:5d} causal={causal!s:5} {dtype:8s} {s.label:28s} "
+                        f"{med * 1e3:9.3f} ms {row['gflops']:8.1f} GFLOP/s x{base / med:.2f}{peak}"
                     )
                 save()
 
@@ -508,16 +490,18 @@ def training_point(
 
     import portattn as pa
 
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+    kernel = torch.nn.functional.scaled_dot_product_attention
     tdt = getattr(torch, dtype)
     q, k, v = (
         torch.randn(B, heads, n, D, device=device, dtype=tdt, requires_grad=True) for _ in range(3)
     )
     d_out = torch.randn(B, heads, n, D, device=device, dtype=tdt)
-    funcs: dict[str, Callable[[], Any]] = {
-        "torch SDPA": lambda: sdpa(q, k, v, is_causal=causal),
-        "portattn torch blockwise": lambda: pa.attention(q, k, v, causal=causal, impl="blockwise"),
-        "portattn torch auto": lambda: pa.attention(q, k, v, causal=causal),
+    funcs: dict[Subject, Callable[[], Any]] = {
+        sdpa(): lambda: kernel(q, k, v, is_causal=causal),
+        Subject("torch", "blockwise"): lambda: pa.attention(
+            q, k, v, causal=causal, impl="blockwise"
+        ),
+        Subject("torch", "auto"): lambda: pa.attention(q, k, v, causal=causal),
     }
 
     def step(f: Callable[[], Any]) -> None:
@@ -526,20 +510,20 @@ def training_point(
         # and the cotangent alone, and its peak counts its own gradients
         q.grad = k.grad = v.grad = None
 
-    subjects: dict[str, Subject] = {name: (lambda f=f: step(f), tlib) for name, f in funcs.items()}
+    subjects: dict[Subject, Call] = {s: (lambda f=f: step(f), tlib) for s, f in funcs.items()}
     point = f"forward+backward N={n} causal={causal} {dtype}"
     times, peaks = time_interleaved(subjects, rounds, point, skipped)
-    if "torch SDPA" not in times:
+    if sdpa() not in times:
         return []
     io = 8 * q.nbytes  # q, k, v, out, three gradients, the cotangent
-    sdpa_s = statistics.median(times["torch SDPA"])
+    sdpa_s = statistics.median(times[sdpa()])
     rows = []
-    for name, ts in times.items():
+    for s, ts in times.items():
         med = statistics.median(ts)
-        peak = peaks[name]
+        peak = peaks[s]
         rows.append(
             {
-                "subject": name,
+                **s.fields(),
                 "n": n,
                 "causal": causal,
                 "dtype": dtype,
@@ -553,7 +537,7 @@ def training_point(
         )
         mem = "" if peak is None else f" peak {peak / 2**20:9.1f} MiB"
         print(
-            f"train N={n:5d} causal={causal!s:5} {dtype:8s} {name:26s} "
+            f"train N={n:5d} causal={causal!s:5} {dtype:8s} {s.label:26s} "
             f"{med * 1e3:9.2f} ms x{sdpa_s / med:.2f}{mem}"
         )
     return rows
@@ -587,36 +571,30 @@ def chapter_overhead(
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(*CHAPTER_SHAPE, device=device) for _ in range(3))
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    funcs: dict[str, Subject] = {}
+    kernel = torch.nn.functional.scaled_dot_product_attention
+    funcs: dict[str, Callable[[], Any]] = {}
+    timers: dict[str, core.Timer] = {}
+    peers: dict[str, str] = {}
     for lib in libs:
         a, b, c = (lib.from_torch(x) for x in (q, k, v))
         assert lib.plain is not None
-        funcs[f"plain {lib.name}"] = (lambda a=a, b=b, c=c, f=lib.plain: f(a, b, c), lib)
+        mine: dict[str, Callable[[], Any]] = {
+            plain(lib.name).label: lambda a=a, b=b, c=c, f=lib.plain: f(a, b, c)
+        }
         if lib.name == "torch":
-            funcs["torch SDPA"] = (lambda: sdpa(q, k, v), lib)
-        funcs[f"portattn {lib.name}"] = (lambda a=a, b=b, c=c: pa.attention(a, b, c), lib)
-        funcs[f"portattn {lib.name} causal"] = (
-            lambda a=a, b=b, c=c: pa.attention(a, b, c, causal=True),
-            lib,
+            mine[sdpa().label] = lambda: kernel(q, k, v)
+        mine[f"portattn {lib.name}"] = lambda a=a, b=b, c=c: pa.attention(a, b, c)
+        mine[f"portattn {lib.name} causal"] = lambda a=a, b=b, c=c: pa.attention(
+            a, b, c, causal=True
         )
-    for fn, _ in funcs.values():
+        funcs |= mine
+        timers |= dict.fromkeys(mine, _timer(lib))
+        peers |= dict.fromkeys(mine, plain(lib.name).label)
+    for fn in funcs.values():
         fn()
-    per_call: dict[str, list[float]] = {name: [] for name in funcs}
-    for _ in range(rounds):
-        for name, (fn, lib) in funcs.items():
-            per_call[name].append(timed(fn, lib, reps=loops))
-    med = {name: statistics.median(ts) for name, ts in per_call.items()}
-    ratio = {}
-    for name, (_, lib) in funcs.items():
-        ratio[name] = med[name] / med[f"plain {lib.name}"]
-    print("chapter size (us per call):", {k: round(m * 1e6, 1) for k, m in med.items()})
-    return {
-        "shape": list(CHAPTER_SHAPE),
-        "loops": loops,
-        "median_us": {name: m * 1e6 for name, m in med.items()},
-        "ratio_to_plain": ratio,
-    }
+    res = core.per_call(funcs, peers, rounds=rounds, loops=loops, timers=timers)
+    print("chapter size (us per call):", {k: round(m, 1) for k, m in res["median_us"].items()})
+    return res
 
 
 def tile_profile(
@@ -658,18 +636,12 @@ def tile_profile(
             "row sum": lambda e=e, xp=xp: xp.sum(e, axis=-1, keepdims=True),
             "value matmul": lambda e=e, vb=vb: e @ vb,
         }
-        for f in passes.values():
-            f()
-        runs = [
-            {name: timed(f, lib, reps=reps) for name, f in passes.items()} for _ in range(rounds)
-        ]
-        med = {name: statistics.median(r[name] for r in runs) for name in passes}
-        total = sum(med.values())
-        res[lib.name] = {
-            "tile": [B, heads, bq, bk],
-            "median_us": {k: t * 1e6 for k, t in med.items()},
-            "share": {k: t / total for k, t in med.items()},
-        }
+        res[lib.name] = core.profile_passes(
+            passes,
+            tile=[B, heads, bq, bk],
+            rounds=rounds,
+            time_pass=lambda f, lib=lib: timed(f, lib, reps=reps),
+        )
         print(
             f"tile profile {lib.name}:", {k: f"{t:.0%}" for k, t in res[lib.name]["share"].items()}
         )

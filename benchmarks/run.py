@@ -7,38 +7,43 @@ processes hits peers alike; ratios are taken within a run. Writes
 ``benchmarks/results/cpu.md`` and two plots.
 
 Options: ``--quick`` (N up to 2048, 3 rounds; for a smoke test, not for the
-record), ``--out DIR``.
+record), ``--dry-run`` (N=128, one round: a check that the script works, in
+seconds), ``--out DIR``; ``--help`` lists the rest.
 
 Record schema (``cpu.json``; the Performance page reads it, defensively):
 
 - ``date``, ``machine`` (cpu, cores, versions, ``blas``: threadpoolctl's view
   of each BLAS, ``torch_threads``), ``load_before``/``load_after``
   (``os.getloadavg()``), ``config``, ``skipped`` (sentences);
-- ``throughput``: rows ``{subject, n, causal, runs, median_s, min_s, gflops,
-  vs_sdpa, load}``; subjects are ``"torch SDPA"``, ``"portattn <library>
-  <impl>"``, ``"plain numpy"`` and ``"portattn numpy blockwise, no pool"``
+- ``throughput``: rows ``{subject, library, impl, kind, setting, n, causal,
+  runs, median_s, min_s, gflops, vs_sdpa, load}``; ``subject`` is the label,
+  the four fields after it say what it is (``core.Subject``): torch SDPA and
+  the plain NumPy formula (``kind`` ``"reference"``), portattn on numpy and
+  torch per impl, and portattn numpy blockwise with ``setting`` ``"no pool"``
   (``PORTATTN_NUM_THREADS=1``: the thread pool off);
 - ``threads``: ``{workers, rows: [{n, causal, pool_s, no_pool_s, speedup,
   default_pools}]}``; below ``_threads._MIN_WORK`` the default call runs
   without the pool, and ``pool_s`` is ``"portattn numpy blockwise, pool
   forced"`` (``default_pools`` false);
 - ``training`` (torch, forward + backward against a fixed cotangent): rows
-  ``{subject, n, causal, runs, median_s, vs_sdpa, peak_bytes, io_bytes,
-  peak_over_io, load}``: ``median_s`` is the median over rounds of each fresh
-  process's best of two steps; ``peak_bytes`` is the resident high-water mark
-  of one step above the inputs (see :func:`training`);
-- ``memory``: rows ``{subject, n, peak_bytes, inputs_plus_output_bytes,
-  ratio}``;
-- ``chapter``: ``{shape, median_us, peers, ratio_to_plain}``: each call's
-  time over its hand-written peer's (``peers``: a causal call's peer writes
-  the mask in);
+  ``{subject, library, impl, kind, setting, n, causal, runs, median_s,
+  vs_sdpa, peak_bytes, io_bytes, peak_over_io, load}``: ``median_s`` is the
+  median over rounds of each fresh process's best of two steps;
+  ``peak_bytes`` is the resident high-water mark of one step above the
+  inputs (see :func:`training`);
+- ``memory``: rows ``{subject, library, impl, kind, setting, n, peak_bytes,
+  inputs_plus_output_bytes, ratio}``;
+- ``chapter``: ``{shape, loops, median_us, peers, ratio_to_plain,
+  stages_us}``: each call's time over its hand-written peer's (``peers``: a
+  causal call's peer writes the mask in);
 - ``profile``: per-pass time of one blockwise tile, per library (see
   :func:`tile_profile`).
 
-Peak memory is measured with tracemalloc (NumPy reports its allocations to
-it) in a fresh subprocess per point, so nothing cached by an earlier call
-counts. The inputs are allocated before tracing starts: the peak is the
-extra memory the call needs, output included.
+The method, the machine and the row fields are ``core.py``'s, shared with
+``gpu.py``. Peak memory is measured with tracemalloc (NumPy reports its
+allocations to it) in a fresh subprocess per point (``children.py``), so
+nothing cached by an earlier call counts. The inputs are allocated before
+tracing starts: the peak is the extra memory the call needs, output included.
 """
 
 from __future__ import annotations
@@ -47,7 +52,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -56,10 +60,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import core
 import numpy as np
+from core import B, D, H, Subject, gflop, load, machine, plain, sdpa
 
 HERE = Path(__file__).resolve().parent
-H, D, B = 8, 64, 1
 SIZES = (128, 512, 2048, 8192)
 MEMORY_SIZES = (128, 512, 2048, 8192, 16384)
 # Materialising (N, N) scores for 8 heads at N=8192 takes 2 GiB per temporary
@@ -81,14 +86,9 @@ def plain_numpy(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np
     return s @ v
 
 
-def gflop(n: int, causal: bool) -> float:
-    flops = 4.0 * B * H * n * n * D
-    return (flops / 2 if causal else flops) / 1e9
-
-
 def subjects(
     n: int, causal: bool, materialize_max_n: int = MATERIALIZE_MAX_N
-) -> dict[str, Callable[[], Any]]:
+) -> dict[Subject, Callable[[], Any]]:
     import torch
 
     import portattn as pa
@@ -96,9 +96,9 @@ def subjects(
     rng = np.random.default_rng(n)
     q, k, v = (rng.standard_normal((B, H, n, D), dtype=np.float32) for _ in range(3))
     tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    out: dict[str, Callable[[], Any]] = {
-        "torch SDPA": lambda: sdpa(tq, tk, tv, is_causal=causal),
+    kernel = torch.nn.functional.scaled_dot_product_attention
+    out: dict[Subject, Callable[[], Any]] = {
+        sdpa(): lambda: kernel(tq, tk, tv, is_causal=causal),
     }
     impls = [
         i
@@ -106,14 +106,14 @@ def subjects(
         if i != "materialize" or n <= materialize_max_n
     ]
     for impl in impls:
-        out[f"portattn torch {impl}"] = lambda impl=impl: pa.attention(
+        out[Subject("torch", impl)] = lambda impl=impl: pa.attention(
             tq, tk, tv, causal=causal, impl=impl
         )
-    out["portattn torch native"] = lambda: pa.attention(tq, tk, tv, causal=causal, impl="native")
+    out[Subject("torch", "native")] = lambda: pa.attention(tq, tk, tv, causal=causal, impl="native")
     if n <= materialize_max_n:
-        out["plain numpy"] = lambda: plain_numpy(q, k, v, causal)
+        out[plain("numpy")] = lambda: plain_numpy(q, k, v, causal)
     for impl in impls:
-        out[f"portattn numpy {impl}"] = lambda impl=impl: pa.attention(
+        out[Subject("numpy", impl)] = lambda impl=impl: pa.attention(
             q, k, v, causal=causal, impl=impl
         )
 
@@ -143,49 +143,21 @@ def subjects(
 
 
 POOL_ENV = "PORTATTN_NUM_THREADS"
-NO_POOL = "portattn numpy blockwise, no pool"
-FORCED_POOL = "portattn numpy blockwise, pool forced"
+NO_POOL = Subject("numpy", "blockwise", setting="no pool")
+FORCED_POOL = Subject("numpy", "blockwise", setting="pool forced")
 TRAINING_SIZES = (2048, 8192)
-TRAINING_SUBJECTS = ("torch SDPA", "portattn torch blockwise", "portattn torch auto")
+TRAINING_SUBJECTS = (sdpa(), Subject("torch", "blockwise"), Subject("torch", "auto"))
 
-_TRAINING_CHILD = """
-import statistics, sys, time
-import torch, portattn as pa
-n, subject, causal, steps = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
-torch.manual_seed(0)
 
-def inputs(m):
-    q, k, v = (torch.randn(1, 8, m, 64, requires_grad=True) for _ in range(3))
-    return q, k, v, torch.randn(1, 8, m, 64)
-
-def step(q, k, v, d_out):
-    if subject == "torch SDPA":
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    else:
-        out = pa.attention(q, k, v, causal=causal, impl=subject.split()[-1])
-    out.backward(d_out)
-    return out
-
-def status(field):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
-
-step(*inputs(256))  # imports, kernels, lazy initialisation
-q, k, v, d_out = inputs(n)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # the resident high-water mark restarts from the current RSS
-base = status("VmRSS:")
-times = []
-for i in range(steps):
-    q.grad = k.grad = v.grad = None
-    out = None
-    t0 = time.perf_counter()
-    out = step(q, k, v, d_out)
-    times.append(time.perf_counter() - t0)
-    if i == 0:
-        peak = status("VmHWM:") - base
-print(min(times), peak, 8 * q.nbytes)
-"""
+def _child(*args: object) -> list[str]:
+    """Run ``children.py`` with ``args`` in a fresh process; its one line of output, split."""
+    res = subprocess.run(
+        [sys.executable, str(HERE / "children.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return res.stdout.split()
 
 
 def training(sizes: tuple[int, ...], rounds: int, steps: int = 2) -> dict[str, Any]:
@@ -204,40 +176,33 @@ def training(sizes: tuple[int, ...], rounds: int, steps: int = 2) -> dict[str, A
     rows: list[dict[str, Any]] = []
     for n in sizes:
         for causal in (False, True):
-            got: dict[str, list[tuple[float, int, int]]] = {s: [] for s in TRAINING_SUBJECTS}
+            got: dict[Subject, list[tuple[float, int, int]]] = {s: [] for s in TRAINING_SUBJECTS}
             for _ in range(rounds):
-                for name in TRAINING_SUBJECTS:
-                    args = [str(n), name, str(int(causal)), str(steps)]
-                    res = subprocess.run(
-                        [sys.executable, "-c", _TRAINING_CHILD, *args],
-                        capture_output=True,
-                        text=True,
-                        check=True,
-                    )
-                    t, peak, io = res.stdout.split()
-                    got[name].append((float(t), int(peak), int(io)))
-            sdpa = statistics.median(t for t, _, _ in got["torch SDPA"])
-            for name, pts in got.items():
+                for s in TRAINING_SUBJECTS:
+                    t, peak, io = _child("training", n, s.impl, int(causal), steps)
+                    got[s].append((float(t), int(peak), int(io)))
+            base = statistics.median(t for t, _, _ in got[sdpa()])
+            for s, pts in got.items():
                 med = statistics.median(t for t, _, _ in pts)
                 peak = max(p for _, p, _ in pts)
                 io = pts[0][2]
                 rows.append(
                     {
-                        "subject": name,
+                        **s.fields(),
                         "n": n,
                         "causal": causal,
                         "runs": len(pts),
                         "median_s": med,
-                        "vs_sdpa": sdpa / med,
+                        "vs_sdpa": base / med,
                         "peak_bytes": peak,
                         "io_bytes": io,
                         "peak_over_io": peak / io,
-                        "load": [round(x, 2) for x in os.getloadavg()],
+                        "load": load(),
                     }
                 )
                 print(
-                    f"train N={n:5d} causal={causal!s:5} {name:28s} {med * 1e3:9.1f} ms "
-                    f"x{sdpa / med:.2f} peak {peak / 2**20:8.1f} MiB = {peak / io:.2f}x io"
+                    f"train N={n:5d} causal={causal!s:5} {s.label:28s} {med * 1e3:9.1f} ms "
+                    f"x{base / med:.2f} peak {peak / 2**20:8.1f} MiB = {peak / io:.2f}x io"
                 )
     return {"backward": "O(N) blockwise backward (FlashAttention-2)", "rows": rows}
 
@@ -249,10 +214,12 @@ def threads_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out = []
     for n, causal in dict.fromkeys((r["n"], r["causal"]) for r in rows):
         group = {r["subject"]: r for r in rows if r["n"] == n and r["causal"] == causal}
-        default_pools = FORCED_POOL not in group
-        pooled = group.get("portattn numpy blockwise" if default_pools else FORCED_POOL)
-        if NO_POOL in group and pooled is not None:
-            on, off = pooled["median_s"], group[NO_POOL]["median_s"]
+        default_pools = FORCED_POOL.label not in group
+        pooled = group.get(
+            Subject("numpy", "blockwise").label if default_pools else FORCED_POOL.label
+        )
+        if NO_POOL.label in group and pooled is not None:
+            on, off = pooled["median_s"], group[NO_POOL.label]["median_s"]
             out.append(
                 {
                     "n": n,
@@ -266,11 +233,14 @@ def threads_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"workers": pool_workers(1 << 10, 1 << 40), "rows": out}
 
 
-def _tile_passes(lib: str, qb: Any, kt: Any, vb: Any, reps: int = 20) -> dict[str, float]:
-    """One tile's passes as ``_blockwise._query_block`` runs them on ``lib``, each timed alone.
+def _median_time(f: Callable[[], Any], reps: int = 20) -> float:
+    """The median of ``reps`` single calls: thread wake-ups are not charged to one pass."""
+    return statistics.median(core.wall_time(f) for _ in range(reps))
 
-    Each pass runs ``reps`` times back to back and its median counts, so
-    that thread wake-ups between passes are not charged to one of them.
+
+def _tile_passes(lib: str, qb: Any, kt: Any, vb: Any) -> dict[str, Callable[[], Any]]:
+    """One tile's passes as ``_blockwise._query_block`` runs them on ``lib``, to be timed alone.
+
     NumPy's row sum rides in the value matmul (``vb`` carries a column of
     ones); torch sums separately (see ``_blockwise._DEFAULTS``).
     """
@@ -300,16 +270,7 @@ def _tile_passes(lib: str, qb: Any, kt: Any, vb: Any, reps: int = 20) -> dict[st
         passes["value matmul"] = lambda: e @ vb
     else:
         passes["value matmul (+ ones column: row sum)"] = lambda: e @ vb
-    out = {}
-    for name, f in passes.items():
-        f()
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - t0)
-        out[name] = statistics.median(ts)
-    return out
+    return passes
 
 
 def _whole_call_parts(lib: str, n: int, rounds: int) -> dict[str, float]:
@@ -357,7 +318,7 @@ def _whole_call_parts(lib: str, n: int, rounds: int) -> dict[str, float]:
     return {name.split(": ")[-1]: statistics.median(ts) * 1e3 for name, ts in times.items()}
 
 
-def tile_profile(rounds: int = 5) -> dict[str, Any]:
+def tile_profile(rounds: int = 5, call_n: int = 2048) -> dict[str, Any]:
     """Where blockwise time goes at N=2048, per library.
 
     ``median_us``/``share``: each pass of one default tile, timed on its own
@@ -386,19 +347,17 @@ def tile_profile(rounds: int = 5) -> dict[str, Any]:
             qb, kt, vb = (torch.from_numpy(x) for x in (qb, kt, vb))
 
         time.sleep(_PAUSE_S)  # the other library's threads stop spinning
-        runs = [_tile_passes(lib, qb, kt, vb) for _ in range(rounds)]
-        med = {name: statistics.median(r[name] for r in runs) for name in runs[0]}
-        total = sum(med.values())
-        res[lib] = {
-            "tile": [B, H, bq, bk],
-            "median_us": {k: v * 1e6 for k, v in med.items()},
-            "share": {k: v / total for k, v in med.items()},
-        }
+        res[lib] = core.profile_passes(
+            _tile_passes(lib, qb, kt, vb),
+            tile=[B, H, bq, bk],
+            rounds=rounds,
+            time_pass=_median_time,
+        )
         print(f"tile profile {lib}:", {k: f"{v:.0%}" for k, v in res[lib]["share"].items()})
         if lib == "torch":
             # NumPy's call runs its tiles on a pool, which a sequential
             # build-up cannot stand for; torch's runs them one after another.
-            call = _whole_call_parts(lib, 2048, rounds)
+            call = _whole_call_parts(lib, call_n, rounds)
             res[lib]["call_ms"] = call
             res[lib]["ceiling"] = call["torch SDPA"] / call["two matmuls + exp per tile"]
             print(f"  whole call {lib} (ms):", {k: round(v, 1) for k, v in call.items()})
@@ -444,17 +403,9 @@ def chapter_stages(rounds: int, loops: int = 2000) -> dict[str, float]:
 _PAUSE_S = 0.3
 
 
-def time_interleaved(funcs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+def time_interleaved(funcs: dict[Any, Callable[[], Any]], rounds: int) -> dict[Any, list[float]]:
     """Per round, each subject after a pause: once untimed, then once timed."""
-    times: dict[str, list[float]] = {name: [] for name in funcs}
-    for _ in range(rounds):
-        for name, f in funcs.items():
-            time.sleep(_PAUSE_S)
-            f()  # its own steady state: imports, allocator, its threads
-            t0 = time.perf_counter()
-            f()
-            times[name].append(time.perf_counter() - t0)
-    return times
+    return core.time_interleaved(funcs, rounds, pause_s=_PAUSE_S, rewarm=True)
 
 
 # Each call is held to the hand-written formula that computes the same thing:
@@ -471,11 +422,12 @@ def chapter_overhead(rounds: int) -> dict[str, Any]:
     """Per-call time at the chapter's size (6 tokens, d=8): fixed overhead, not FLOPs."""
     import portattn as pa
 
+    n, d = core.CHAPTER_SHAPE
     rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((6, 8), dtype=np.float32) for _ in range(3))
-    scale = np.float32(1 / np.sqrt(8))
+    q, k, v = (rng.standard_normal((n, d), dtype=np.float32) for _ in range(3))
+    scale = np.float32(1 / np.sqrt(d))
 
-    future = np.triu(np.ones((6, 6), dtype=bool), k=1)  # built once, as a user would
+    future = np.triu(np.ones((n, n), dtype=bool), k=1)  # built once, as a user would
 
     def hand_written() -> np.ndarray:
         s = (q @ k.T) * scale
@@ -493,64 +445,21 @@ def chapter_overhead(rounds: int) -> dict[str, Any]:
         "portattn": lambda: pa.attention(q, k, v),
         "portattn causal": lambda: pa.attention(q, k, v, causal=True),
     }
-    loops = 1000
-    per_call: dict[str, list[float]] = {name: [] for name in funcs}
-    for _ in range(rounds):
-        time.sleep(_PAUSE_S)
-        for name, f in funcs.items():
-            t0 = time.perf_counter()
-            for _ in range(loops):
-                f()
-            per_call[name].append((time.perf_counter() - t0) / loops)
-    med = {name: statistics.median(ts) for name, ts in per_call.items()}
-    # Ratios are paired: each round's time over its peer's in the same round
-    # (milliseconds apart), then the median over rounds. The machine's speed
-    # drifts between rounds (on a shared VM by up to 2x); a ratio within one
-    # round cancels that drift, where a ratio of two medians would not.
-    ratio = {
-        name: statistics.median(
-            t / p for t, p in zip(per_call[name], per_call[_CHAPTER_PEERS[name]], strict=True)
-        )
-        for name in funcs
-    }
-    return {
-        "shape": [6, 8],
-        "median_us": {name: m * 1e6 for name, m in med.items()},
-        "peers": _CHAPTER_PEERS,
-        "ratio_to_plain": ratio,
-        "stages_us": chapter_stages(rounds),
-    }
-
-
-_MEMORY_CHILD = """
-import sys, tracemalloc, numpy as np, portattn as pa
-n, impl = int(sys.argv[1]), sys.argv[2]
-rng = np.random.default_rng(0)
-q, k, v = (rng.standard_normal((1, 8, n, 64), dtype=np.float32) for _ in range(3))
-pa.attention(q[..., :64, :], k[..., :64, :], v[..., :64, :], impl=impl)  # imports, caches
-tracemalloc.start()
-out = pa.attention(q, k, v, impl=impl)
-_, peak = tracemalloc.get_traced_memory()
-print(peak, 4 * q.nbytes)
-"""
+    timing = core.per_call(funcs, _CHAPTER_PEERS, rounds=rounds, loops=1000, pause_s=_PAUSE_S)
+    return {**timing, "stages_us": chapter_stages(rounds)}
 
 
 def memory(sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+    """Peak extra memory of one NumPy call per impl, each in a fresh process (``children.py``)."""
     rows = []
     for n in sizes:
         for impl in ("blockwise", "materialize"):
             if impl == "materialize" and n > MATERIALIZE_MEMORY_MAX_N:
                 continue
-            res = subprocess.run(
-                [sys.executable, "-c", _MEMORY_CHILD, str(n), impl],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            peak, io = map(int, res.stdout.split())
+            peak, io = map(int, _child("memory", n, impl))
             rows.append(
                 {
-                    "subject": f"portattn numpy {impl}",
+                    **Subject("numpy", impl).fields(),
                     "n": n,
                     "peak_bytes": peak,
                     "inputs_plus_output_bytes": io,
@@ -658,59 +567,33 @@ def _dask_overhead(rounds: int, tasks: int = 512) -> dict[str, Any]:
     return result
 
 
-def machine() -> dict[str, Any]:
-    import torch
-    from threadpoolctl import threadpool_info
+def summarise(
+    times: dict[Subject, list[float]] | dict[str, list[float]], n: int, causal: bool
+) -> list[dict[str, Any]]:
+    """One row per subject: median and best time, GFLOP/s, load; against SDPA where it ran.
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import array_api_compat
-
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "torch": torch.__version__,
-        "array_api_compat": array_api_compat.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "blas": [
-            {k: info.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
-            for info in threadpool_info()
-            if info.get("user_api") == "blas"
-        ],
-        "openblas_env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")},
-    }
-
-
-def summarise(times: dict[str, list[float]], n: int, causal: bool) -> list[dict[str, Any]]:
-    """One row per subject: median and best time, GFLOP/s, load; against SDPA where it ran."""
+    A subject is a :class:`core.Subject` (its fields go into the row) or, for
+    the dask record, a label alone.
+    """
     rows = []
-    for name, ts in times.items():
+    for key, ts in times.items():
         med = statistics.median(ts)
         rows.append(
             {
-                "subject": name,
+                **(key.fields() if isinstance(key, Subject) else {"subject": key}),
                 "n": n,
                 "causal": causal,
                 "runs": len(ts),
                 "median_s": med,
                 "min_s": min(ts),
                 "gflops": gflop(n, causal) / med,
-                "load": [round(x, 2) for x in os.getloadavg()],
+                "load": load(),
             }
         )
-    sdpa = next((r for r in rows if r["subject"] == "torch SDPA"), None)
+    peer = next((r for r in rows if r["subject"] == sdpa().label), None)
     for r in rows:
-        if sdpa is not None:
-            r["vs_sdpa"] = r["gflops"] / sdpa["gflops"]
+        if peer is not None:
+            r["vs_sdpa"] = r["gflops"] / peer["gflops"]
     return rows
 
 
@@ -790,6 +673,12 @@ def plots(record: dict[str, Any], out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N <= 2048, 3 rounds (smoke test)")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="N=128 (training N=256), one round, no dask: a check that the script works, "
+        "not a measurement (writes cpu-dry-run.json)",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--max-n", type=int, default=max(SIZES), help="largest N for throughput")
     parser.add_argument(
@@ -811,6 +700,9 @@ def main() -> None:
         help="leave dask.json as it is (its rows take long on a shared machine)",
     )
     args = parser.parse_args()
+    if args.dry_run:
+        args.quick, args.no_dask, args.rounds = True, True, 1
+        args.max_n = args.memory_max_n = 128
     # The dask rows go to their own record: a full run writes them too.
     if args.dask_only or not (args.quick or args.no_dask):
         args.out.mkdir(parents=True, exist_ok=True)
@@ -818,7 +710,7 @@ def main() -> None:
         dask_record = {
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "machine": machine(),
-            "load_before": [round(x, 2) for x in os.getloadavg()],
+            "load_before": load(),
             "config": {"B": B, "H": H, "d": D, "dtype": "float32", "sizes": list(dask_sizes)},
             "skipped": [
                 f"N={n}: above --max-n={args.max_n} in this run"
@@ -826,20 +718,21 @@ def main() -> None:
                 if n not in dask_sizes
             ],
             **dask_rows(dask_sizes, rounds=1 if args.quick else 3),
-            "load_after": [round(x, 2) for x in os.getloadavg()],
+            "load_after": load(),
         }
         (args.out / "dask.json").write_text(json.dumps(dask_record, indent=1) + "\n")
         print(f"wrote {args.out / 'dask.json'}")
         if args.dask_only:
             return
-    sizes = tuple(n for n in SIZES if n <= (2048 if args.quick else args.max_n))
-    mem_sizes = tuple(n for n in MEMORY_SIZES if n <= (2048 if args.quick else args.memory_max_n))
+    sizes = tuple(n for n in SIZES if n <= (min(args.max_n, 2048) if args.quick else args.max_n))
+    mem_max = min(args.memory_max_n, 2048) if args.quick else args.memory_max_n
+    mem_sizes = tuple(n for n in MEMORY_SIZES if n <= mem_max)
     args.out.mkdir(parents=True, exist_ok=True)
 
     record: dict[str, Any] = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
-        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "load_before": load(),
         "config": {"B": B, "H": H, "d": D, "dtype": "float32", "sizes": list(sizes)},
         "skipped": [
             f"materialize and plain numpy above N={MATERIALIZE_MAX_N} (throughput) and "
@@ -874,15 +767,17 @@ def main() -> None:
                 )
     record["threads"] = threads_summary(record["throughput"])
     # The forced pool is a thread-pool row only: no default call runs it.
-    record["throughput"] = [r for r in record["throughput"] if r["subject"] != FORCED_POOL]
+    record["throughput"] = [r for r in record["throughput"] if r["subject"] != FORCED_POOL.label]
     train_sizes = tuple(n for n in TRAINING_SIZES if n <= max(args.max_n, 2048))
-    record["training"] = training(train_sizes[:1] if args.quick else train_sizes, 2)
-    record["profile"] = tile_profile()
+    if args.dry_run:
+        train_sizes = (256,)
+    record["training"] = training(train_sizes[:1] if args.quick else train_sizes, args.rounds or 2)
+    record["profile"] = tile_profile(args.rounds or 5, call_n=256 if args.dry_run else 2048)
     record["memory"] = memory(mem_sizes)
-    record["chapter"] = chapter_overhead(3 if args.quick else 15)
+    record["chapter"] = chapter_overhead(args.rounds or (3 if args.quick else 15))
     print("chapter size:", record["chapter"]["median_us"])
-    record["load_after"] = [round(x, 2) for x in os.getloadavg()]
-    name = "cpu-quick" if args.quick else "cpu"
+    record["load_after"] = load()
+    name = "cpu-dry-run" if args.dry_run else "cpu-quick" if args.quick else "cpu"
     (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     (args.out / f"{name}.md").write_text(markdown(record))
     if not args.quick:

@@ -32,29 +32,34 @@ def record(path: str = str(RECORD)) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def split(subject: str) -> tuple[str, str]:
-    """``"portattn torch blockwise"`` -> ``("torch", "blockwise")``; references keep their name.
+def split(row: dict[str, Any]) -> tuple[str, str]:
+    """A row's library and code path, read from its subject fields (``benchmarks/core.py``).
 
-    ``"torch SDPA"`` -> ``("torch", "SDPA")``, ``"plain numpy"`` -> ``("numpy", "plain")``.
+    A portattn row's path is its ``impl`` (with its ``setting``: ``"blockwise,
+    no pool"``); a reference's is marked as one: ``"SDPA (reference)"``.
     """
-    words = subject.split()
-    if words[:1] == ["portattn"] and len(words) >= 2:
-        return words[1], " ".join(words[2:]) or "default"
-    lib = next((w for w in words if w.lower() in LIBRARIES), words[0] if words else "?")
-    rest = " ".join(w for w in words if w != lib) or subject
-    return lib.lower(), f"{rest} (reference)"
+    lib, path = str(row.get("library", "?")), str(row.get("impl", "?"))
+    if row.get("setting"):
+        path = f"{path}, {row['setting']}"
+    return lib, path if row.get("kind") == "portattn" else f"{path} (reference)"
+
+
+def _split_by_label(rows: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Each row label's (library, path), in the record's order."""
+    return {str(r.get("subject")): split(r) for r in rows}
 
 
 def _order(items: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def _styles(subjects: list[str]) -> dict[str, dict[str, Any]]:
-    libs = _order(split(s)[0] for s in subjects)
-    paths = _order(split(s)[1] for s in subjects)
+def _styles(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each row label's colour (its path), line style and marker (its library)."""
+    by_label = _split_by_label(rows)
+    libs = _order(lib for lib, _ in by_label.values())
+    paths = _order(path for _, path in by_label.values())
     out = {}
-    for s in subjects:
-        lib, path = split(s)
+    for s, (lib, path) in by_label.items():
         li, pi = libs.index(lib), paths.index(path)
         out[s] = {
             "color": plotting.SERIES[pi % len(plotting.SERIES)],
@@ -113,7 +118,7 @@ def throughput_figure() -> str:
     if not rows:
         return "<p>No throughput in this record.</p>"
     subjects = _order(str(r.get("subject")) for r in rows)
-    style = _styles(subjects)
+    style = _styles(rows)
     panels = [c for c in (False, True) if any(bool(r.get("causal")) == c for r in rows)]
 
     def draw(narrow: bool) -> Any:
@@ -158,7 +163,8 @@ def _pivot(
     ns = sorted({int(r["n"]) for r in rows})
     cell = {(int(r["n"]), str(r.get("subject"))): r for r in rows}
     # The caption names the library, so a column is named by its path alone.
-    head = "".join(f"<th>{split(s)[1] if short else s}</th>" for s in subjects)
+    by_label = _split_by_label(rows)
+    head = "".join(f"<th>{by_label[s][1] if short else s}</th>" for s in subjects)
     body = ""
     for n in ns:
         tds = []
@@ -182,8 +188,8 @@ def throughput_tables() -> str:
     out = []
     for causal in (False, True):
         part = [r for r in rows if bool(r.get("causal")) == causal]
-        for lib in _order(split(str(r["subject"]))[0] for r in part):
-            mine = [r for r in part if split(str(r["subject"]))[0] == lib]
+        for lib in _order(split(r)[0] for r in part):
+            mine = [r for r in part if split(r)[0] == lib]
             what = "causal" if causal else "not causal"
             out.append(
                 '<div class="pa-table-wrap">'
@@ -209,7 +215,7 @@ def memory_figure() -> str:
     if not rows:
         return "<p>No memory measurements in this record.</p>"
     subjects = _order(str(r.get("subject")) for r in rows)
-    style = _styles(subjects)
+    style = _styles(rows)
 
     def draw(narrow: bool) -> Any:
         fig, ax = plt.subplots(figsize=(plotting.width(narrow), 3.6 if not narrow else 4.2))
