@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 import portattn as pa
 from portattn import chapter
@@ -50,6 +51,24 @@ def test_identity_head(backend: Backend, rng):
     assert_close(head(backend.asarray(x)), want, rtol=1e-12, xp=backend.xp)
     assert_close(head.weights(backend.asarray(x)), w_want, rtol=1e-12)
     assert_close(head.scores(backend.asarray(x), scaled=False), x @ x.T, rtol=1e-12)
+
+
+@pytest.mark.parametrize("integer", [np.int64, np.uint16, torch.tensor])
+def test_identity_accepts_any_integer_scalar(integer):
+    np.testing.assert_array_equal(pa.Head.identity(integer(3)).wq, np.eye(3))
+
+
+@pytest.mark.parametrize("bad", [True, 3.0, np.array([3])])
+def test_identity_refuses_what_is_not_an_integer_scalar(bad):
+    with pytest.raises(ValueError, match="expected d to be a positive int"):
+        pa.Head.identity(bad)
+
+
+@pytest.mark.parametrize("flag", [1, 0, None, "no"])
+def test_scores_scaled_is_a_flag(flag):
+    x = np.ones((2, 4), dtype=np.float32)
+    with pytest.raises(ValueError, match="expected scaled to be True or False"):
+        pa.Head.identity(4).scores(x, scaled=flag)
 
 
 def test_head_pieces_agree_with_reference(backend: Backend, rng):

@@ -164,6 +164,17 @@ def test_cache_mismatches_are_clear_errors(backend: Backend, rng):
         pa.KVCache(1, 2).append(np.ones((1, 3, 2), np.float32), np.ones((1, 2, 2), np.float32))
 
 
+@pytest.mark.parametrize("bad", [None, [[[1.0, 2.0]]]])
+def test_append_names_what_is_not_an_array(bad):
+    cache = pa.KVCache(1, 2)
+    k = np.ones((1, 1, 2), np.float32)
+    with pytest.raises(TypeError, match="expected values to be an array"):
+        cache.append(k, bad)
+    with pytest.raises(TypeError, match="expected keys to be an array"):
+        cache.append(bad, k)
+    assert cache.length == 0
+
+
 def test_clear_never_overwrites_arrays_returned_earlier(backend: Backend):
     xp = backend.xp
     cache = pa.KVCache(1, 2, capacity=4, xp=xp, dtype=xp.float64, device=backend.device)

@@ -471,3 +471,87 @@ def test_mha_refuses_layouts_that_would_enlarge_the_batch(backend: Backend, rng)
         mha(x, mask=backend.asarray(np.ones((3, 2, 5, 5), dtype=bool)))
     with pytest.raises(ValueError, match=r"got mask shape \(2, 3, 1, 5, 5\)"):
         mha(x, mask=backend.asarray(np.ones((2, 3, 1, 5, 5), dtype=bool)))
+
+
+def test_a_cache_that_is_not_a_kvcache_is_named():
+    mha = pa.MultiHeadAttention.random(8, 2)
+    with pytest.raises(TypeError, match=r"expected cache to be a KVCache or None, got dict"):
+        mha(np.ones((3, 8), dtype=np.float32), causal=True, cache={})
+
+
+def test_arguments_that_are_not_arrays_are_named():
+    mha = pa.MultiHeadAttention.random(8, 2)
+    x = np.ones((3, 8), dtype=np.float32)
+    for name in ("mask", "key_lengths"):
+        with pytest.raises(TypeError, match=rf"expected {name} to be an array, got \[3\]"):
+            mha(x, **{name: [3]})
+    with pytest.raises(TypeError, match=r"expected x to be an array, got \[1.0\]"):
+        mha.weights([1.0])
+
+
+def test_rope_base_is_refused_when_the_layer_is_built():
+    w = np.zeros((8, 8))
+    with pytest.raises(ValueError, match=r"expected rope_base to be a finite real number > 1"):
+        pa.MultiHeadAttention(w, w, w, w, num_heads=2, rope="half", rope_base=0)
+
+
+@pytest.mark.parametrize("integer", [np.int64, np.int32, np.uint8, torch.tensor])
+def test_sizes_accept_any_integer_scalar(integer):
+    """As docs/errors.md promises: any integer where an int is meant, NumPy's np.int64 included."""
+    got = pa.MultiHeadAttention.random(integer(8), integer(4), num_kv_heads=integer(2))
+    want = pa.MultiHeadAttention.random(8, 4, num_kv_heads=2)
+    assert (got.num_heads, got.num_kv_heads, got.d_head) == (4, 2, 2)
+    assert type(got.num_heads) is int
+    np.testing.assert_array_equal(got.wq, want.wq)
+    assert pa.MultiHeadAttention.random(8, 2, d_head=integer(3)).d_head == 3
+    built = pa.MultiHeadAttention(
+        want.wq, want.wk, want.wv, want.wo, num_heads=integer(4), num_kv_heads=integer(2)
+    )
+    assert (built.num_heads, built.group_size) == (4, 2)
+
+
+@pytest.mark.parametrize("bad", [True, np.True_, 2.0, "4", np.array([4])])
+def test_sizes_refuse_what_is_not_an_integer_scalar(bad):
+    with pytest.raises(ValueError, match="expected num_heads to be a positive int"):
+        pa.MultiHeadAttention.random(8, bad)
+
+
+def test_random_bias_is_a_flag():
+    with pytest.raises(ValueError, match="expected bias to be True or False, got 1"):
+        pa.MultiHeadAttention.random(8, 2, bias=1)
+
+
+@pytest.mark.parametrize(
+    ("option", "match"),
+    [
+        (
+            {"key_lengths": np.array([5, 5, 5])},
+            r"key_lengths .* broadcastable to x's batch shape \(2,\), got shape \(3,\)$",
+        ),
+        (
+            {"mask": np.ones((3, 5, 5), dtype=bool)},
+            r"\(Lq, Lk\) = \(5, 5\) and a batch broadcastable with x's \(2,\) .* got mask "
+            r"shape \(3, 5, 5\)$",
+        ),
+        ({"mask": np.ones((2, 5, 6), dtype=bool)}, r"got mask shape \(2, 5, 6\)$"),
+        ({"mask": np.ones((2, 2, 5, 6), dtype=bool)}, r"got mask shape \(2, 2, 5, 6\)$"),
+    ],
+)
+def test_shape_errors_show_the_users_shapes(option, match):
+    """Never the grouped (..., Hkv, G, Lq, Lk) shapes the heads run in internally."""
+    mha = pa.MultiHeadAttention.random(8, 2)
+    with pytest.raises(ValueError, match=match) as info:
+        mha(np.ones((2, 5, 8), dtype=np.float32), **option)
+    assert "(2, 2, 1" not in str(info.value)
+
+
+def test_mask_with_a_cache_covers_every_cached_key():
+    mha = pa.MultiHeadAttention.random(8, 2)
+    cache = mha.new_cache(batch_shape=(2,))
+    x = np.ones((2, 5, 8), dtype=np.float32)
+    mha(x, causal=True, cache=cache)
+    with pytest.raises(ValueError, match=r"\(Lq, Lk\) = \(5, 10\).*got mask shape \(2, 5, 5\)"):
+        mha(x, mask=np.ones((2, 5, 5), dtype=bool), causal=True, cache=cache)
+    assert cache.length == 5
+    full = mha(x, mask=np.ones((2, 5, 10), dtype=bool), causal=True, cache=cache)
+    assert full.shape == (2, 5, 8) and cache.length == 10

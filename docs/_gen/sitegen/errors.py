@@ -102,6 +102,7 @@ CASES: tuple[Case, ...] = (
         "pa.KVCache(1, 4, capacity=1).append(x[None, :2], x[None, :2])",
     ),
     Case("KVCache", "pa.KVCache(1, 4).append(np.ones((1, 1, 4)), np.ones((1, 1, 4)))"),
+    Case("KVCache", "pa.KVCache(1, 4).append(np.ones((1, 1, 4), np.float32), None)"),
     # positions
     Case("positions", "pa.sinusoidal_encoding(4, 5)"),
     Case("positions", "pa.sinusoidal_encoding(4, 4, base=1)"),
@@ -111,6 +112,16 @@ CASES: tuple[Case, ...] = (
     # heads
     Case("Head and MultiHeadAttention", "pa.Head.random(0, 2)"),
     Case("Head and MultiHeadAttention", "pa.Head.random(4, 2, std='1')"),
+    Case("Head and MultiHeadAttention", "pa.Head.identity(True)"),
+    Case("Head and MultiHeadAttention", "pa.Head.identity(4).scores(x, scaled=1)"),
+    Case(
+        "Head and MultiHeadAttention",
+        "pa.MultiHeadAttention(*[np.zeros((8, 8))] * 4, num_heads=2, rope='half', rope_base=0)",
+    ),
+    Case(
+        "Head and MultiHeadAttention",
+        "pa.MultiHeadAttention.random(8, 2)(np.ones((5, 8), np.float32), cache={})",
+    ),
     Case(
         "Head and MultiHeadAttention",
         "pa.MultiHeadAttention.from_torch(torch.nn.Linear(4, 4))",
@@ -125,6 +136,11 @@ CASES: tuple[Case, ...] = (
         "Head and MultiHeadAttention",
         "pa.MultiHeadAttention.random(8, 2)(np.ones((3, 5, 8), np.float32), "
         "key_lengths=np.full((3, 1), 5))",
+    ),
+    Case(
+        "Head and MultiHeadAttention",
+        "pa.MultiHeadAttention.random(8, 2)(np.ones((2, 5, 8), np.float32), "
+        "key_lengths=np.array([5, 5, 5]))",
     ),
     # testing helpers
     Case("testing", "pa.testing.assert_close([1.0, 2.0], np.array([1.0, 2.0]), rtol=0)"),

@@ -10,6 +10,7 @@ from .._attention import solve, solve_weights
 from .._core._masks import Causal
 from .._core._problem import prepare
 from .._lib._checks import (
+    check_flag,
     check_floating,
     check_int,
     check_real,
@@ -146,10 +147,8 @@ class Head:
         [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
         """
         ns = resolve_namespace(xp)
-        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-            msg = f"expected d to be a positive int, got {d!r}"
-            raise ValueError(msg)
-        eye = from_numpy_float64(np.eye(d), xp=ns, dtype=dtype, device=device)
+        n = check_int("d", d, minimum=1)
+        eye = from_numpy_float64(np.eye(n), xp=ns, dtype=dtype, device=device)
         return cls(eye, eye, eye)
 
     def _project(self, x: Array, *, xp: Namespace) -> tuple[Array, Array, Array]:
@@ -176,9 +175,10 @@ class Head:
         ([[4.0, 4.0], [4.0, 4.0]], [[2.0, 2.0], [2.0, 2.0]])
         """
         xp = array_namespace(x, self.wq)
+        scale = check_flag("scaled", scaled)
         q, k, _ = self._project(x, xp=xp)
         s = q @ xp.matrix_transpose(k)  # (..., seq, seq)
-        if scaled:
+        if scale:
             s = s / xp.asarray(math.sqrt(self.d_head), dtype=s.dtype, device=device_of(s))
         return s
 

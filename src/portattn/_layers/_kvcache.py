@@ -13,7 +13,7 @@ import threading
 from typing import NamedTuple
 
 from .._core._masks import Causal
-from .._lib._checks import check_dtype, check_int, dtype_name, shown
+from .._lib._checks import check_array, check_dtype, check_int, dtype_name, shown
 from .._lib._compat import array_namespace, device_of, is_writeable_array, resolve_namespace
 from .._lib._typing import Array, Device, DType, Namespace
 
@@ -163,11 +163,14 @@ class KVCache:
         Raises
         ------
         TypeError
-            Arrays from another library, or a dtype other than the cache's.
+            Something other than arrays, arrays from another library, or a
+            dtype other than the cache's.
         ValueError
             A shape other than (\\*batch, Hkv, n, d_head), a different device,
             or more tokens than a fixed capacity holds.
         """
+        check_array("keys", keys)
+        check_array("values", values)
         xp = array_namespace(keys, values)
         with self._lock:
             k_all, v_all, staged = self._stage(keys, values, xp=xp)

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .._lib._checks import check_floating, check_same_device
+from .._lib._checks import check_array, check_floating, check_same_device, shown
 from .._lib._typing import Array, Namespace
 from ._heads import group_mask
 from ._kvcache import KVCache
 
-__all__ = ["Widths", "check_inputs", "check_layouts", "layout_masks"]
+__all__ = ["Widths", "check_arrays", "check_inputs", "check_layouts", "layout_masks"]
 
 
 def _shape(a: Array) -> tuple[int, ...]:
@@ -45,7 +45,7 @@ def check_inputs(
     cache: object,
     xp: Namespace,
 ) -> Array:
-    """Check ``x``, ``context``, ``positions`` and ``cache``; return where keys come from."""
+    """Check ``x``, ``context`` and ``positions`` against the layer; return where keys come from."""
     check_floating("x", x, xp=xp)
     if x.ndim < 2 or int(x.shape[-1]) != layer.d_model:
         msg = f"expected x of shape (..., Lq, d_model={layer.d_model}), got shape {_shape(x)}"
@@ -88,22 +88,41 @@ def check_inputs(
             )
             raise ValueError(msg)
     check_same_device([("weights", layer.wq), ("x", x), ("context", context)])
-    if cache is not None and not isinstance(cache, KVCache):
-        msg = f"expected cache to be a KVCache or None, got {type(cache).__name__}"
-        raise TypeError(msg)
     return src
 
 
-def check_layouts(
-    x: Array, mask: Array | None, key_lengths: Array | None, *, num_heads: int
-) -> bool:
-    """Refuse masks and lengths that would silently enlarge the batch; find a heads axis.
+def check_arrays(
+    x: object, context: object, mask: object, key_lengths: object, positions: object, cache: object
+) -> None:
+    """Name the argument that is not an array (or not a KVCache) before anything reads it."""
+    check_array("x", x)
+    named = (("context", context), ("mask", mask), ("key_lengths", key_lengths))
+    for name, a in (*named, ("positions", positions)):
+        if a is not None:
+            check_array(name, a)
+    if cache is not None and not isinstance(cache, KVCache):
+        msg = f"expected cache to be a KVCache or None, got {shown(cache)}"
+        raise TypeError(msg)
 
-    Returns whether the mask has the torch / Hugging Face layout
-    (\\*batch, 1 or H, Lq, Lk), one axis more than ``x``.
+
+def _fits(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` and ``target`` broadcast together (NumPy rules, from the right)."""
+    return all(m == n or 1 in (m, n) for m, n in zip(shape[::-1], target[::-1], strict=False))
+
+
+def check_layouts(
+    x: Array, mask: Array | None, key_lengths: Array | None, *, num_heads: int, num_keys: int
+) -> bool:
+    """Refuse masks and lengths that would silently enlarge the batch or do not fit; find heads.
+
+    ``num_keys`` is ``Lk``, the number of keys the call attends over. Every
+    message shows the shapes the user passed, never the grouped ones the
+    heads run in. Returns whether the mask has the torch / Hugging Face
+    layout (\\*batch, 1 or H, Lq, Lk), one axis more than ``x``.
     """
     nb = x.ndim - 2
     batch = _shape(x)[:-2]
+    lq_lk = (int(x.shape[-2]), num_keys)
     heads_axis = False
     if mask is not None:
         shape = _shape(mask)
@@ -123,7 +142,18 @@ def check_layouts(
                 )
                 raise ValueError(msg)
             heads_axis = True
-    if key_lengths is not None and key_lengths.ndim > nb:
+        mask_batch = shape[: -3 if heads_axis else -2]
+        if shape[-2] not in (1, lq_lk[0]) or shape[-1] not in (1, lq_lk[1]):
+            ok = False
+        else:
+            ok = _fits(mask_batch, batch)
+        if not ok:
+            msg = (
+                f"expected mask of shape (..., Lq, Lk) with (Lq, Lk) = {lq_lk} and a batch "
+                f"broadcastable with x's {batch} (x of shape {_shape(x)}), got mask shape {shape}"
+            )
+            raise ValueError(msg)
+    if key_lengths is not None and (key_lengths.ndim > nb or not _fits(_shape(key_lengths), batch)):
         msg = (
             f"expected key_lengths with one length per sequence, broadcastable to x's batch "
             f"shape {batch}, got shape {_shape(key_lengths)}"

@@ -12,11 +12,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._lib._checks import check_floating, check_same_device
+from .._lib._checks import check_flag, check_floating, check_int, check_same_device
 from .._lib._random import from_numpy_float64, standard_normal
 from .._lib._typing import Array, Device, DType, Namespace
 
-__all__ = ["Sizes", "check_heads", "check_weights", "positive", "random_weights"]
+__all__ = ["Sizes", "check_heads", "check_weights", "random_weights"]
 
 
 class Sizes(NamedTuple):
@@ -29,18 +29,10 @@ class Sizes(NamedTuple):
     d_context: int
 
 
-def positive(name: str, n: object) -> int:
-    """``n`` as a positive Python int."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        msg = f"expected {name} to be a positive int, got {n!r}"
-        raise ValueError(msg)
-    return n
-
-
 def check_heads(num_heads: object, num_kv_heads: object) -> tuple[int, int]:
     """``(H, Hkv)``: positive, ``Hkv`` dividing ``H``; ``num_kv_heads=None`` means ``H``."""
-    h = positive("num_heads", num_heads)
-    hkv = h if num_kv_heads is None else positive("num_kv_heads", num_kv_heads)
+    h = check_int("num_heads", num_heads, minimum=1)
+    hkv = h if num_kv_heads is None else check_int("num_kv_heads", num_kv_heads, minimum=1)
     if h % hkv:
         msg = (
             f"expected num_kv_heads to divide num_heads (each KV head serves a group of "
@@ -116,14 +108,14 @@ def random_weights(
     *,
     num_kv_heads: object,
     d_head: object,
-    bias: bool,
+    bias: object,
     seed: int,
     xp: Namespace,
     dtype: DType | None,
     device: Device | None,
 ) -> tuple[tuple[Array, Array, Array, Array], dict[str, Any]]:
     """The arguments of :meth:`MultiHeadAttention.random`'s layer: arrays and keyword options."""
-    d = positive("d_model", d_model)
+    d = check_int("d_model", d_model, minimum=1)
     h, hkv = check_heads(num_heads, num_kv_heads)
     if d_head is None:
         if d % h:
@@ -133,11 +125,12 @@ def random_weights(
             )
             raise ValueError(msg)
         d_head = d // h
-    dh = positive("d_head", d_head)
+    dh = check_int("d_head", d_head, minimum=1)
+    with_bias = check_flag("bias", bias)
     inner, kv = h * dh, hkv * dh
     shapes: list[tuple[int, ...]] = [(d, inner), (d, kv), (d, kv), (inner, d)]
     stds = [d**-0.5] * 3 + [inner**-0.5]
-    if bias:
+    if with_bias:
         shapes += [(inner,), (kv,), (kv,), (d,)]
         stds += [d**-0.5] * 3 + [inner**-0.5]
     sizes = [math.prod(s) for s in shapes]
@@ -149,6 +142,6 @@ def random_weights(
         parts.append(from_numpy_float64(a, xp=xp, dtype=dtype, device=device))
         start += size
     wq, wk, wv, wo = parts[:4]
-    bq, bk, bv, bo = parts[4:] if bias else (None, None, None, None)
+    bq, bk, bv, bo = parts[4:] if with_bias else (None, None, None, None)
     options = {"num_heads": h, "num_kv_heads": hkv, "bq": bq, "bk": bk, "bv": bv, "bo": bo}
     return (wq, wk, wv, wo), options

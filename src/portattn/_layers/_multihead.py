@@ -14,13 +14,13 @@ from contextlib import nullcontext
 from .._attention import solve, solve_weights
 from .._core._masks import Causal
 from .._core._problem import Problem, prepare
-from .._lib._checks import dtype_name
+from .._lib._checks import check_real, dtype_name
 from .._lib._compat import array_namespace, device_of
 from .._lib._typing import Array, Namespace
 from ._heads import group_heads, merge_heads, split_heads, ungroup_heads
 from ._kvcache import KVCache, Staged, cache_step
 from ._mha_build import Builders
-from ._mha_inputs import check_inputs, check_layouts, layout_masks
+from ._mha_inputs import check_arrays, check_inputs, check_layouts, layout_masks
 from ._mha_weights import check_weights
 from ._positions import RopeLayout, rope_heads
 
@@ -101,13 +101,14 @@ class MultiHeadAttention(Builders):
             rope=rope,
             xp=xp,
         )
+        base = check_real("rope_base", rope_base, above=1.0)  # as apply_rope's base
         self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
         self.bq, self.bk, self.bv, self.bo = bq, bk, bv, bo
         self.num_heads, self.num_kv_heads, self.d_head = sizes[:3]
         self.group_size = self.num_heads // self.num_kv_heads
         self.d_model, self.d_context = sizes.d_model, sizes.d_context
         self.rope: RopeLayout | None = rope
-        self.rope_base = float(rope_base)
+        self.rope_base = base
 
     def __repr__(self) -> str:
         has_bias = any(b is not None for b in (self.bq, self.bk, self.bv, self.bo))
@@ -165,7 +166,8 @@ class MultiHeadAttention(Builders):
         cache, for the caller to commit once the whole call succeeded.
         """
         src = check_inputs(self, x, context, positions=positions, cache=cache, xp=xp)
-        heads_axis = check_layouts(x, mask, key_lengths, num_heads=self.num_heads)
+        lk = int(src.shape[-2]) + (0 if cache is None else cache.length)
+        heads_axis = check_layouts(x, mask, key_lengths, num_heads=self.num_heads, num_keys=lk)
         q = split_heads(self._project(x, self.wq, self.bq), self.num_heads, xp=xp)
         k = split_heads(self._project(src, self.wk, self.bk), self.num_kv_heads, xp=xp)
         v = split_heads(self._project(src, self.wv, self.bv), self.num_kv_heads, xp=xp)
@@ -248,6 +250,7 @@ class MultiHeadAttention(Builders):
         -------
         array, shape (..., Lq, d_model)
         """
+        check_arrays(x, context, mask, key_lengths, positions, cache)
         xp = array_namespace(x, context, mask, key_lengths, positions, self.wq)
         # The cache's lock is held from staging the new tokens to committing
         # them, and they are committed only once everything else succeeded:
@@ -294,6 +297,7 @@ class MultiHeadAttention(Builders):
         >>> mha.weights(np.ones((5, 8), dtype=np.float32), causal=True).shape
         (4, 5, 5)
         """
+        check_arrays(x, context, mask, key_lengths, positions, None)
         xp = array_namespace(x, context, mask, key_lengths, positions, self.wq)
         p, _ = self._prepare(
             x,

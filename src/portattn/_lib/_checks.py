@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 import warnings
 from collections.abc import Sequence
 
@@ -269,12 +270,27 @@ def _int_phrase(minimum: int | None) -> str:
     return f"an int >= {minimum}"
 
 
+def _as_index(value: object) -> int | None:
+    """``operator.index(value)`` for an integer scalar that is not a bool, else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    # a 0-d integer array (torch, JAX) is an integer scalar; a bool array is not
+    if getattr(value, "ndim", 0) != 0 or "bool" in str(getattr(value, "dtype", "")):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
 def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
-    """``value`` as a Python int: any ``numbers.Integral`` but bool, at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    """``value`` as a Python int: an integer scalar (``operator.index``), not a bool, >= minimum."""
+    n = _as_index(value)
+    if n is None:
         msg = f"expected {name} to be {_int_phrase(minimum)}, got {shown(value)}"
         raise ValueError(msg)
-    n = int(value)
     if minimum is not None and n < minimum:
         msg = f"expected {name} to be {_int_phrase(minimum)}, got {n}"
         raise ValueError(msg)
