@@ -16,8 +16,10 @@ from transformers import AttentionInterface
 from transformers.masking_utils import (
     AttentionMaskInterface,
     sdpa_mask,
+    sliding_window_bidirectional_mask_function,
     sliding_window_causal_mask_function,
 )
+from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from portattn.integrations import transformers as hf
 from portattn.integrations.transformers import attention_forward, register
@@ -140,6 +142,30 @@ def test_sliding_window_without_mask_matches_transformers_window():
     _close(out, _sdpa(q, k, v, attn_mask=m))
     # with a mask, the mask (which transformers builds with the window) decides
     masked, _ = attention_forward(Layer(), q, k, v, m, sliding_window=3)
+    _close(masked, out)
+
+
+@pytest.mark.parametrize(("lq", "lk"), [(1, 6), (3, 6), (6, 3)])
+def test_bidirectional_sliding_window_without_mask_does_what_eager_does(lq, lk):
+    """Lq != Lk leaves a bidirectional window no alignment; transformers' eager path attends to all.
+
+    transformers builds no mask for such a layer only where the window cannot
+    bind (kv_length < window), so its own mask, materialized, agrees too.
+    """
+    q, k, v = _qkv(lq, lk)
+    layer = Layer(is_causal=False)
+    layer.num_key_value_groups, layer.training = HQ // HKV, False
+    out, _ = attention_forward(layer, q, k, v, None, scaling=0.3, sliding_window=7)
+    want, _ = eager_attention_forward(layer, q, k, v, None, scaling=0.3)
+    _close(out, want, tol=1e-6)  # eager takes its softmax in float32
+    skipped = {"batch_size": B, "q_length": lq, "kv_length": lk, "q_offset": max(lk - lq, 0)}
+    window = sliding_window_bidirectional_mask_function(7)
+    assert (
+        sdpa_mask(**skipped, mask_function=window, allow_is_bidirectional_skip=True, local_size=7)
+        is None
+    )
+    m = sdpa_mask(**skipped, mask_function=window)  # the same mask, materialized
+    masked, _ = attention_forward(layer, q, k, v, m, scaling=0.3)
     _close(masked, out)
 
 

@@ -135,8 +135,10 @@ def attention_forward(
     **kwargs
         ``is_causal`` (overrides ``module.is_causal``), ``sliding_window``
         (the mask already carries it; applied here only when the mask is
-        ``None``), ``softcap`` (``tanh(s / c) * c`` on the scaled scores,
-        before masking, as Gemma 2 does), ``position_bias`` (T5's relative
+        ``None``, except on a bidirectional layer with ``Lq != Lk``, which
+        attends to every key as transformers' eager path does), ``softcap``
+        (``tanh(s / c) * c`` on the scaled scores, before masking, as Gemma 2
+        does), ``position_bias`` (T5's relative
         bias, shape (1 or B, Hq, Lq, Lk), added to the scaled scores as a
         bias), ``s_aux`` (gpt-oss's attention sinks, shape (Hq,), passed as
         ``sinks``: one more logit per row, whose weight is dropped),
@@ -216,7 +218,11 @@ def attention_forward(
         if is_causal:
             causal = "bottom_right" if lq == 1 else "top_left"
         sliding = kwargs.get("sliding_window")
-        if sliding is not None:
+        # A bidirectional window over Lq != Lk keys has no alignment to read
+        # it by. transformers hands such a layer no mask only where its window
+        # cannot bind (sdpa_mask skips it for kv_length < window), and its eager
+        # path then attends to every key: so does this one.
+        if sliding is not None and (is_causal or lq == lk):
             # transformers' overlays: causal keeps q - k < w, bidirectional |q - k| <= w
             window = (int(sliding) - 1, 0) if is_causal else (int(sliding), int(sliding))
     options: dict[str, Any] = {
