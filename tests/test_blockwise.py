@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import portattn as pa
-from portattn._core._problem import Problem
+from portattn._core._problem import Problem, prepare
 from portattn._paths import _blockwise
 from portattn.testing import assert_close, to_numpy
 
@@ -146,6 +146,24 @@ def test_underflowing_weights_raise_no_flag(backend: Backend, rng):
     assert_close(got, want, rtol=1e-4, xp=xp, dtype=xp.float32)
 
 
+def test_unreadable_values_keep_the_clamp(backend: Backend, rng, monkeypatch):
+    """Where the host cannot read values, nothing bounds the scores, so the clamped exp runs."""
+
+    def unreadable(x):
+        raise RuntimeError("no values to read")  # as torch says for "meta" tensors
+
+    monkeypatch.setattr(_blockwise, "float", unreadable, raising=False)
+    xp = backend.xp
+    q, k, v = make_qkv(rng, 8, 9, d=4, dv=6, batch=(2, 3))
+    q, k = q * 12.0, k * 12.0  # spread of scores ~ 300: exp(s - max) would underflow
+    arrays = [backend.asarray(a, xp.float32) for a in (q, k, v)]
+    assert not _blockwise._exp_cannot_underflow(prepare(*arrays, xp=xp), xp=xp)
+    with np.errstate(all="raise"):
+        got = pa.attention(*arrays, impl="blockwise", block_size=3)
+    want, _ = attention_ref(q, k, v)
+    assert_close(got, want, rtol=1e-4, xp=xp, dtype=xp.float32)
+
+
 def _count_tiles(monkeypatch) -> list[tuple[int, int, int, int]]:
     """Record every (q0, q1, k0, k1) tile whose mask the blockwise path asks for."""
     seen: list[tuple[int, int, int, int]] = []
@@ -273,6 +291,7 @@ def test_block_sizes_defaults_and_validation(backend: Backend):
 
 def test_auto_picks_blockwise_above_threshold(backend: Backend, rng, monkeypatch):
     from portattn import _attention
+    from portattn._paths import _auto
 
     calls = []
     original = _attention.blockwise_attention
@@ -284,7 +303,7 @@ def test_auto_picks_blockwise_above_threshold(backend: Backend, rng, monkeypatch
     monkeypatch.setattr(_attention, "blockwise_attention", spy)
     xp = backend.xp
 
-    monkeypatch.setattr(_attention, "_AUTO_MATERIALIZE_MAX_PAIRS", 6 * 6)
+    monkeypatch.setattr(_auto, "MATERIALIZE_MAX_PAIRS", 6 * 6)
     # softcap keeps auto on the generic paths on torch too (SDPA has none)
     small = [backend.asarray(a, xp.float32) for a in make_qkv(rng, 6, 6, d=5, dv=6, batch=(2, 3))]
     pa.attention(*small, softcap=30.0)

@@ -39,7 +39,7 @@ def tasks(x: Any, fn: Any) -> list[tuple[Any, ...]]:
 
 def grid(x: Any) -> set[tuple[int, int]]:
     """(query chunk, key chunk) of every pair task, read from the graph."""
-    return {t[8].index for t in tasks(x, _pair)}
+    return {t[5].index for t in tasks(x, _pair)}
 
 
 def compute(*xs: Any) -> Any:

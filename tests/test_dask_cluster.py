@@ -68,7 +68,7 @@ def client() -> Iterator[Any]:
 
 def _pair_grid(x: Any) -> set[tuple[int, int]]:
     graph = dict(x.__dask_graph__())
-    return {t[8].index for t in graph.values() if isinstance(t, tuple) and t and t[0] is _pair}
+    return {t[5].index for t in graph.values() if isinstance(t, tuple) and t and t[0] is _pair}
 
 
 def _peak_worker_memory(client: Any) -> int:

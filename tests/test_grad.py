@@ -130,7 +130,7 @@ def test_gradcheck_return_lse(rng, impl):
 def test_gradcheck_attention_weights_head_mha(rng, impl, monkeypatch):
     # Head and MultiHeadAttention run impl="auto"; its choice is pinned here
     # so that each path is differentiated through them.
-    monkeypatch.setattr(_attention, "_auto", lambda p, **kw: impl)
+    monkeypatch.setattr(_attention, "auto_impl", lambda p, **kw: impl)
     x = _t(rng, 2, 7, 6)
     q, k = _t(rng, 7, 3), _t(rng, 7, 3)
     assert torch.autograd.gradcheck(

@@ -9,7 +9,7 @@ path on it, and cast the result back to the caller's dtype. The paths
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from ._core._masks import Causal
 from ._core._problem import Problem, prepare
@@ -18,17 +18,15 @@ from ._lib._checks import check_array, check_flag, check_int_pair
 from ._lib._compat import array_namespace, namespace_library
 from ._lib._precision import narrow
 from ._lib._typing import Array, Namespace
+from ._paths._auto import auto_impl
 from ._paths._materialize import materialize_attention, materialize_weights
-from ._paths._native import auto_delegates, native_attention
+from ._paths._native import native_attention
 
-__all__ = ["Impl", "attention", "attention_weights", "solve", "solve_weights"]
+__all__ = ["IMPLS", "Impl", "attention", "attention_weights", "solve", "solve_weights"]
 
 Impl = Literal["auto", "materialize", "blockwise", "native"]
-_IMPLS = ("auto", "materialize", "blockwise", "native")
-
-# Below this many (query, key) pairs per batch entry, materialising the score
-# matrix is cheaper than any blocking machinery.
-_AUTO_MATERIALIZE_MAX_PAIRS = 256 * 256
+#: The values ``impl=`` takes, in the order errors list them.
+IMPLS: tuple[str, ...] = get_args(Impl)
 
 
 def attention(
@@ -216,15 +214,15 @@ def solve(
     and hand it here. ``impl``, ``block_size`` and ``return_lse`` are checked
     for every path, whichever one runs.
     """
-    if not isinstance(impl, str) or impl not in _IMPLS:
-        msg = f"expected impl to be one of {', '.join(map(repr, _IMPLS))}, got {impl!r}"
+    if not isinstance(impl, str) or impl not in IMPLS:
+        msg = f"expected impl to be one of {', '.join(map(repr, IMPLS))}, got {impl!r}"
         raise ValueError(msg)
     sizes = None if block_size is None else check_int_pair("block_size", block_size, minimum=1)
     want_lse = check_flag("return_lse", return_lse)
     lse: Array | None
     lib = namespace_library(xp)
     if impl == "auto" and lib != "dask":
-        impl = _auto(p, lib=lib, want_lse=want_lse, xp=xp)
+        impl = auto_impl(p, lib=lib, want_lse=want_lse, xp=xp)
     if lib == "dask":
         from ._paths._dask import dask_attention  # dask is optional: imported for dask arrays only
 
@@ -242,16 +240,6 @@ def solve(
         assert lse is not None
         return out, lse
     return out
-
-
-def _auto(p: Problem, *, lib: str, want_lse: bool, xp: Namespace) -> str:
-    """The path ``impl="auto"`` takes (the rule is spelled out in :func:`attention`)."""
-    if lib == "torch" and auto_delegates(
-        p, return_lse=want_lse, materialize_max_pairs=_AUTO_MATERIALIZE_MAX_PAIRS, xp=xp
-    ):
-        return "native"
-    s = p.structure
-    return "blockwise" if s.lq * s.lk > _AUTO_MATERIALIZE_MAX_PAIRS else "materialize"
 
 
 def attention_weights(

@@ -54,7 +54,7 @@ def grid(options: tuple[tuple[str, Any], ...] = (("causal", True),), title: str 
     out = pa.attention(q, k, v, **dict(options))
     graph = dict(out.__dask_graph__())
     found = _graph_tasks(out)
-    pairs = frozenset(t[8].index for t in found if t[0] is _pair)
+    pairs = frozenset(t[5].index for t in found if t[0] is _pair)
     merges = sum(1 for t in found if t[0] is _merge)
     total = sum(1 for key in graph if str(key[0]).startswith("attention-"))
     return Grid(title, CHUNKS, pairs, merges, total)

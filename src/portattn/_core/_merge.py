@@ -8,7 +8,7 @@ from .._lib._checks import check_floating, shown
 from .._lib._compat import array_namespace, device_of, is_array_api_obj
 from .._lib._precision import compute_dtype, narrow
 from .._lib._typing import Array
-from ._softmax import exp_floor, safe_exp
+from ._softmax import exp_floor, nonzero, row_shift, safe_exp
 
 __all__ = ["merge_attention"]
 
@@ -107,13 +107,11 @@ def merge_attention(outputs: Iterable[Array], lses: Iterable[Array], /) -> tuple
     lse_dtype = xp.result_type(*(x.dtype for x in parts))
     work = compute_dtype(xp.result_type(out_dtype, lse_dtype), xp=xp)
     ls = xp.stack([xp.astype(x, work) for x in parts], axis=0)  # (C, ..., Lq)
-    neg_inf = xp.asarray(-xp.inf, dtype=work, device=device_of(ls))
-    top = xp.max(ls, axis=0)  # (..., Lq)
-    shift = xp.where(top == neg_inf, xp.zeros_like(top), top)
+    shift = row_shift(xp.max(ls, axis=0), xp=xp)  # (..., Lq)
     w = safe_exp(ls - shift, exp_floor(work, xp=xp), xp=xp)  # (C, ..., Lq), each <= 1
     total = xp.sum(w, axis=0)
     seen = total > 0
-    safe_total = xp.where(seen, total, xp.ones_like(total))
+    safe_total = nonzero(total, xp=xp)
     out = xp.zeros(shape, dtype=work, device=device_of(ls))
     for c, o in enumerate(outs):
         out = out + xp.astype(o, work) * (w[c, ...] / safe_total)[..., None]

@@ -30,6 +30,7 @@ from .._lib._checks import (
 from .._lib._precision import compute_dtype
 from .._lib._typing import Array, Device, DType, Namespace
 from ._masks import Structure, length_mask, normalize_causal, normalize_window
+from ._softmax import no_keys
 
 __all__ = ["Problem", "empty_result", "expand", "prepare"]
 
@@ -104,9 +105,7 @@ class Problem:
 
 def empty_result(p: Problem, *, xp: Namespace) -> tuple[Array, Array]:
     """Nothing to attend to (``Lk == 0``) or nobody asking (``Lq == 0``): zeros, lse ``-inf``."""
-    out = xp.zeros((*p.batch, p.lq, p.dv), dtype=p.q.dtype, device=p.device)
-    lse = xp.full((*p.batch, p.lq), -math.inf, dtype=p.q.dtype, device=p.device)
-    return out, lse
+    return no_keys(p.batch, p.lq, p.dv, dtype=p.q.dtype, device=p.device, xp=xp)
 
 
 def expand(x: Array, shape: tuple[int, ...], *, xp: Namespace) -> Array:

@@ -8,14 +8,16 @@ import numbers
 from .._lib._checks import check_floating, shown
 from .._lib._compat import array_namespace, at_least, max_last, sum_last
 from .._lib._precision import compute_dtype, narrow
-from .._lib._typing import Array, Namespace
+from .._lib._typing import Array, Device, DType, Namespace
 
 __all__ = [
     "exp_floor",
     "lse_from",
     "masked_exp",
     "masked_softmax",
+    "no_keys",
     "nonzero",
+    "row_shift",
     "safe_exp",
     "softmax",
 ]
@@ -46,6 +48,24 @@ _FLOORS = {bits: math.log(tiny) + 30.0 for bits, tiny in ((32, 2.0**-126), (64, 
 def safe_exp(z: Array, floor: float, *, xp: Namespace) -> Array:
     """``exp(z)`` for ``z <= 0``, with ``z < floor`` sent to exactly 0 instead of underflowing."""
     return xp.exp(xp.where(z < floor, -math.inf, z))
+
+
+def row_shift(row_max: Array, *, xp: Namespace) -> Array:
+    """What to subtract from each row: its max, or 0 where the max is infinite.
+
+    A row that sees nothing has max ``-inf``; shifting it by 0 means
+    ``-inf - -inf`` (NaN) never happens, and its ``exp`` terms stay exact 0s.
+    """
+    return xp.where(xp.isinf(row_max), 0.0, row_max)
+
+
+def no_keys(
+    batch: tuple[int, ...], rows: int, dv: int, *, dtype: DType, device: Device, xp: Namespace
+) -> tuple[Array, Array]:
+    """Rows that see no key: output zeros (..., rows, dv) and lse ``-inf`` (..., rows)."""
+    out = xp.zeros((*batch, rows, dv), dtype=dtype, device=device)
+    lse = xp.full((*batch, rows), -math.inf, dtype=dtype, device=device)
+    return out, lse
 
 
 def masked_exp(
@@ -85,8 +105,7 @@ def masked_exp(
     elif no_empty_rows and not may_hide:
         e = safe_exp(scores - row_max, floor, xp=xp)  # hidden entries: exp(-inf) = 0
     else:
-        shift = xp.where(xp.isinf(row_max), 0.0, row_max)
-        e = safe_exp(scores - shift, floor, xp=xp)
+        e = safe_exp(scores - row_shift(row_max, xp=xp), floor, xp=xp)
     return e, row_max, sum_last(e, xp=xp)
 
 
@@ -185,11 +204,10 @@ def _safe_softmax(x: Array, *, xp: Namespace) -> Array:
     """
     floor = exp_floor(x.dtype, xp=xp)
     row_max = xp.max(x, axis=-1, keepdims=True)
-    shift = xp.where(xp.isinf(row_max), 0.0, row_max)  # an all -inf slice: shift by 0
+    shift = row_shift(row_max, xp=xp)
     keep = x >= shift + floor
     e = xp.where(keep, xp.exp(xp.where(keep, x, shift) - shift), 0.0)
-    total = xp.sum(e, axis=-1, keepdims=True)
-    total = xp.where(total > 0, total, 1.0)
+    total = nonzero(xp.sum(e, axis=-1, keepdims=True), xp=xp)
     # A slice whose max is +inf or NaN holds +inf or NaN: make all of it NaN.
     poisoned = xp.logical_not(xp.logical_or(xp.isfinite(row_max), row_max == -math.inf))
     return e / xp.where(poisoned, math.nan, total)

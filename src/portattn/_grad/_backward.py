@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 
 from .._core._problem import Problem
-from .._core._softmax import exp_floor, safe_exp
+from .._core._softmax import exp_floor, row_shift, safe_exp
 from .._lib._compat import is_concrete
 from .._lib._typing import Array, Namespace
 from .._paths._blockwise import _exp_cannot_underflow, block_sizes, traced_block_sizes
@@ -85,7 +85,6 @@ def blockwise_backward(
     gradient, which for a full (Lq, Lk) bias is as large as the bias.
     """
     bq, bk = block_sizes(block_size, xp=xp, batch=p.batch)
-    dtype = p.q.dtype
     want_bias = want_bias and p.bias is not None
     if p.lq == 0 or p.lk == 0 or math.prod(p.batch) == 0:
         return _zeros(p, want_bias=want_bias, xp=xp)
@@ -95,99 +94,152 @@ def blockwise_backward(
     if not concrete:
         bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk)
     shortcut = concrete and _exp_cannot_underflow(p, xp=xp)
-    floor = None if shortcut else exp_floor(dtype, xp=xp)
 
     # D = rowsum(dO ∘ O) - dlse, and the lse as a column; a row that saw
     # nothing (lse = -inf) is shifted by 0 so that -inf - -inf never happens.
     delta = xp.sum(d_out * out, axis=-1, keepdims=True)  # (..., Lq, 1)
     if d_lse is not None:
         delta = delta - d_lse[..., None]
-    lse_col = xp.where(lse == -math.inf, 0.0, lse)[..., None]  # (..., Lq, 1)
-    neg_inf = xp.asarray(-math.inf, dtype=dtype, device=p.device)
-
-    q_shape, k_shape, v_shape = tuple(p.q.shape), tuple(p.k.shape), tuple(p.v.shape)
-    q_starts = list(range(0, p.lq, bq))
-    key_ranges = [p.structure.key_range(q0, min(q0 + bq, p.lq)) for q0 in q_starts]
-    dq_blocks: list[Array | None] = [None] * len(q_starts)
-    dk_blocks: list[Array] = []
-    dv_blocks: list[Array] = []
-    bias_tiles: dict[tuple[int, int], Array] = {}
-    bias_rows = want_bias and p.bias is not None and p.bias.shape[-2] != 1
-    bias_cols = want_bias and p.bias is not None and p.bias.shape[-1] != 1
-
+    run = _Sweep(
+        p,
+        d_out,
+        delta,
+        row_shift(lse, xp=xp)[..., None],  # (..., Lq, 1)
+        None if shortcut else exp_floor(p.q.dtype, xp=xp),
+        bq,
+        want_bias,
+        xp,
+    )
+    dk_blocks, dv_blocks = [], []
     for kj, k0 in enumerate(range(0, p.lk, bk)):
-        k1 = min(k0 + bk, p.lk)
-        k_blk = p.k[..., k0:k1, :]  # (..., bk, d)
-        k_t = xp.matrix_transpose(k_blk)
-        v_blk = p.v[..., k0:k1, :]  # (..., bk, dv)
-        v_t = xp.matrix_transpose(v_blk)
-        dk_acc = dv_acc = None
-        for qi, q0 in enumerate(q_starts):
-            lo, hi = key_ranges[qi]
-            if hi <= lo or hi <= k0 or lo >= k1:  # positions hide the whole tile
-                continue
-            q1 = min(q0 + bq, p.lq)
-            qb = p.q[..., q0:q1, :]  # (..., bq, d)
-            s = qb @ k_t  # (..., bq, bk)
-            capped = None
-            if p.softcap is not None:
-                capped = xp.tanh(s / p.softcap)
-                s = capped * p.softcap
-            bias = p.bias_tile(q0, q1, k0, k1)
-            if bias is not None:
-                s = s + bias
-            allowed = p.allowed(q0, q1, k0, k1, xp=xp)
-            if allowed is not None:
-                s = xp.where(allowed, s, neg_inf)
-            z = s - lse_col[..., q0:q1, :]
-            prob = xp.exp(z) if floor is None else safe_exp(z, floor, xp=xp)  # P
-            d_out_blk = d_out[..., q0:q1, :]  # (..., bq, dv)
-            dv_part = sum_to(
-                xp.matrix_transpose(prob) @ d_out_blk, (*v_shape[:-2], k1 - k0, p.dv), xp=xp
-            )
-            dv_acc = dv_part if dv_acc is None else dv_acc + dv_part
-            ds = prob * (d_out_blk @ v_t - delta[..., q0:q1, :])  # dS = P ∘ (dP - D)
-            if want_bias:
-                assert p.bias is not None
-                key = (qi if bias_rows else 0, kj if bias_cols else 0)
-                tile_shape = (
-                    *p.bias.shape[:-2],
-                    q1 - q0 if bias_rows else 1,
-                    k1 - k0 if bias_cols else 1,
-                )
-                part = sum_to(ds, tile_shape, xp=xp)
-                bias_tiles[key] = part if key not in bias_tiles else bias_tiles[key] + part
-            if capped is not None:
-                ds = ds * (1.0 - capped * capped)  # d tanh(x) = 1 - tanh(x)²
-            dq_part = sum_to(ds @ k_blk, (*q_shape[:-2], q1 - q0, q_shape[-1]), xp=xp)
-            prev = dq_blocks[qi]
-            dq_blocks[qi] = dq_part if prev is None else prev + dq_part
-            dk_part = sum_to(
-                xp.matrix_transpose(ds) @ qb, (*k_shape[:-2], k1 - k0, k_shape[-1]), xp=xp
-            )
-            dk_acc = dk_part if dk_acc is None else dk_acc + dk_part
-        if dk_acc is None or dv_acc is None:  # no query sees this key block
-            dk_acc = xp.zeros((*k_shape[:-2], k1 - k0, k_shape[-1]), dtype=dtype, device=p.device)
-            dv_acc = xp.zeros((*v_shape[:-2], k1 - k0, p.dv), dtype=dtype, device=p.device)
-        dk_blocks.append(dk_acc)
-        dv_blocks.append(dv_acc)
-
-    dq_parts = []
-    for qi, q0 in enumerate(q_starts):
-        blk = dq_blocks[qi]
-        if blk is None:  # this query block sees no key
-            q1 = min(q0 + bq, p.lq)
-            blk = xp.zeros((*q_shape[:-2], q1 - q0, q_shape[-1]), dtype=dtype, device=p.device)
-        dq_parts.append(blk)
+        dk, dv = run.key_block(kj, k0, min(k0 + bk, p.lk))
+        dk_blocks.append(dk)
+        dv_blocks.append(dv)
     d_bias = None
     if want_bias:
-        d_bias = _assemble_bias(p, bias_tiles, bq, bk, rows=bias_rows, cols=bias_cols, xp=xp)
+        d_bias = _assemble_bias(
+            p, run.bias_tiles, bq, bk, rows=run.bias_rows, cols=run.bias_cols, xp=xp
+        )
     return Grads(
-        q=_concat(dq_parts, axis=-2, xp=xp),
+        q=_concat(run.dq(), axis=-2, xp=xp),
         k=_concat(dk_blocks, axis=-2, xp=xp),
         v=_concat(dv_blocks, axis=-2, xp=xp),
         bias=d_bias,
     )
+
+
+class _Sweep:
+    """One backward pass: key blocks outside, query blocks inside; it keeps ``dQ`` and ``dBias``."""
+
+    def __init__(
+        self,
+        p: Problem,
+        d_out: Array,
+        delta: Array,
+        lse_col: Array,
+        floor: float | None,
+        bq: int,
+        want_bias: bool,
+        xp: Namespace,
+    ) -> None:
+        self.p, self.d_out, self.delta, self.lse_col = p, d_out, delta, lse_col
+        self.floor, self.bq, self.want_bias, self.xp = floor, bq, want_bias, xp
+        self.neg_inf = xp.asarray(-math.inf, dtype=p.q.dtype, device=p.device)
+        self.q_starts = list(range(0, p.lq, bq))
+        self.key_ranges = [p.structure.key_range(q0, min(q0 + bq, p.lq)) for q0 in self.q_starts]
+        self.dq_blocks: list[Array | None] = [None] * len(self.q_starts)
+        self.bias_tiles: dict[tuple[int, int], Array] = {}
+        self.bias_rows = want_bias and p.bias is not None and p.bias.shape[-2] != 1
+        self.bias_cols = want_bias and p.bias is not None and p.bias.shape[-1] != 1
+
+    def key_block(self, kj: int, k0: int, k1: int) -> tuple[Array, Array]:
+        """``dK`` and ``dV`` of keys ``[k0, k1)``, adding their share to ``dQ`` and ``dBias``."""
+        p, xp = self.p, self.xp
+        k_blk = p.k[..., k0:k1, :]  # (..., bk, d)
+        k_t = xp.matrix_transpose(k_blk)
+        v_t = xp.matrix_transpose(p.v[..., k0:k1, :])  # (..., dv, bk)
+        dk_acc = dv_acc = None
+        for qi, q0 in enumerate(self.q_starts):
+            lo, hi = self.key_ranges[qi]
+            if hi <= lo or hi <= k0 or lo >= k1:  # positions hide the whole tile
+                continue
+            q1 = min(q0 + self.bq, p.lq)
+            dk_part, dv_part = self._tile(qi, kj, q0, q1, k0, k1, k_blk, k_t, v_t)
+            dv_acc = dv_part if dv_acc is None else dv_acc + dv_part
+            dk_acc = dk_part if dk_acc is None else dk_acc + dk_part
+        k_shape, dtype = tuple(p.k.shape), p.q.dtype
+        if dk_acc is None or dv_acc is None:  # no query sees this key block
+            dk_acc = xp.zeros((*k_shape[:-2], k1 - k0, k_shape[-1]), dtype=dtype, device=p.device)
+            dv_acc = xp.zeros((*p.v.shape[:-2], k1 - k0, p.dv), dtype=dtype, device=p.device)
+        return dk_acc, dv_acc
+
+    def _tile(
+        self,
+        qi: int,
+        kj: int,
+        q0: int,
+        q1: int,
+        k0: int,
+        k1: int,
+        k_blk: Array,
+        k_t: Array,
+        v_t: Array,
+    ) -> tuple[Array, Array]:
+        """``dK`` and ``dV`` of one tile; its ``dQ`` and ``dBias`` go into the running sums."""
+        p, xp = self.p, self.xp
+        qb = p.q[..., q0:q1, :]  # (..., bq, d)
+        s = qb @ k_t  # (..., bq, bk)
+        capped = None
+        if p.softcap is not None:
+            capped = xp.tanh(s / p.softcap)
+            s = capped * p.softcap
+        bias = p.bias_tile(q0, q1, k0, k1)
+        if bias is not None:
+            s = s + bias
+        allowed = p.allowed(q0, q1, k0, k1, xp=xp)
+        if allowed is not None:
+            s = xp.where(allowed, s, self.neg_inf)
+        z = s - self.lse_col[..., q0:q1, :]
+        prob = xp.exp(z) if self.floor is None else safe_exp(z, self.floor, xp=xp)  # P
+        d_out_blk = self.d_out[..., q0:q1, :]  # (..., bq, dv)
+        v_shape = (*p.v.shape[:-2], k1 - k0, p.dv)
+        dv_part = sum_to(xp.matrix_transpose(prob) @ d_out_blk, v_shape, xp=xp)
+        ds = prob * (d_out_blk @ v_t - self.delta[..., q0:q1, :])  # dS = P ∘ (dP - D)
+        if self.want_bias:
+            self._add_bias(ds, qi, kj, q1 - q0, k1 - k0)
+        if capped is not None:
+            ds = ds * (1.0 - capped * capped)  # d tanh(x) = 1 - tanh(x)²
+        q_shape, k_shape = tuple(p.q.shape), tuple(p.k.shape)
+        dq_part = sum_to(ds @ k_blk, (*q_shape[:-2], q1 - q0, q_shape[-1]), xp=xp)
+        prev = self.dq_blocks[qi]
+        self.dq_blocks[qi] = dq_part if prev is None else prev + dq_part
+        k_tile = (*k_shape[:-2], k1 - k0, k_shape[-1])
+        return sum_to(xp.matrix_transpose(ds) @ qb, k_tile, xp=xp), dv_part
+
+    def _add_bias(self, ds: Array, qi: int, kj: int, rows: int, cols: int) -> None:
+        """Add ``dS`` summed to the bias's tile shape (it may broadcast) to tile ``(qi, kj)``."""
+        assert self.p.bias is not None
+        key = (qi if self.bias_rows else 0, kj if self.bias_cols else 0)
+        tile_shape = (
+            *self.p.bias.shape[:-2],
+            rows if self.bias_rows else 1,
+            cols if self.bias_cols else 1,
+        )
+        part = sum_to(ds, tile_shape, xp=self.xp)
+        self.bias_tiles[key] = part if key not in self.bias_tiles else self.bias_tiles[key] + part
+
+    def dq(self) -> list[Array]:
+        """``dQ`` per query block; zeros for a block that sees no key."""
+        p, q_shape = self.p, tuple(self.p.q.shape)
+        parts = []
+        for qi, q0 in enumerate(self.q_starts):
+            blk = self.dq_blocks[qi]
+            if blk is None:
+                rows = min(q0 + self.bq, p.lq) - q0
+                shape = (*q_shape[:-2], rows, q_shape[-1])
+                blk = self.xp.zeros(shape, dtype=p.q.dtype, device=p.device)
+            parts.append(blk)
+        return parts
 
 
 def _concat(parts: list[Array], *, axis: int, xp: Namespace) -> Array:

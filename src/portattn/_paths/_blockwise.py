@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from .._core._problem import Problem, empty_result, expand
-from .._core._softmax import exp_floor, lse_from, safe_exp
+from .._core._softmax import exp_floor, lse_from, no_keys, nonzero, row_shift, safe_exp
 from .._lib._checks import check_int_pair
 from .._lib._compat import (
     device_of,
@@ -188,7 +188,7 @@ def _score_spread(p: Problem, *, xp: Namespace) -> float:
             if p.bias is not None and math.prod(p.bias.shape) > 0:
                 bias_spread = float(xp.max(p.bias)) - float(xp.min(p.bias))
     except (RuntimeError, NotImplementedError):  # no values to read (torch "meta" tensors)
-        return False
+        return math.inf  # no bound: the clamp runs
     spread = 2.0 * math.sqrt(q_sq) * math.sqrt(k_sq)
     if p.softcap is not None:
         spread = min(spread, 2.0 * p.softcap)  # soft-capped scores lie in (-cap, cap)
@@ -220,9 +220,7 @@ def _query_block(
     qb = p.q[..., q0:q1, :]  # (..., bq, d)
     lo, hi = p.structure.key_range(q0, q1)
     if hi <= lo:  # positions hide every key from this query block
-        out = xp.zeros((*p.batch, q1 - q0, p.dv), dtype=p.q.dtype, device=p.device)
-        lse = xp.full((*p.batch, q1 - q0), -xp.inf, dtype=p.q.dtype, device=p.device)
-        return out, lse
+        return no_keys(p.batch, q1 - q0, p.dv, dtype=p.q.dtype, device=p.device, xp=xp)
     ones_column = v.shape[-1] > p.dv
     m = total = acc = None
     # The row max may be subtracted in place on real, writeable tiles that
@@ -236,11 +234,10 @@ def _query_block(
             s = xp.where(allowed, s, -math.inf)
         tile_max = xp.max(s, axis=-1, keepdims=True)  # (..., bq, 1)
         m_new = tile_max if m is None else xp.maximum(m, tile_max)
-        shift = m_new
-        if floor is not None or allowed is not None:
-            # A row that has seen nothing yet keeps m = -inf; shift it by 0 so
-            # that -inf - -inf never happens (its exp terms are all exactly 0).
-            shift = xp.where(xp.isinf(m_new), 0.0, m_new)
+        # A row that has seen nothing yet keeps m = -inf (only possible when
+        # something hides pairs, or when the scores are not proven finite).
+        hides = floor is not None or allowed is not None
+        shift = row_shift(m_new, xp=xp) if hides else m_new
         # In place only on a tile autograd cannot have saved (it may keep s
         # for the row max's gradient): NumPy's, or a tensor needing no grad.
         if mutable and not getattr(s, "requires_grad", False):
@@ -268,5 +265,5 @@ def _query_block(
     if ones_column:
         acc, total = acc[..., : p.dv], acc[..., p.dv :]
     assert total is not None
-    out = acc / xp.where(total > 0, total, 1.0)
+    out = acc / nonzero(total, xp=xp)
     return out, lse_from(m, total, xp=xp)

@@ -24,7 +24,6 @@ configuration, ``dask.config.set({"portattn.merge-fan-in": 8})``.
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,8 +39,10 @@ import dask.highlevelgraph
 from .._core._masks import Structure
 from .._core._merge import merge_attention
 from .._core._problem import Problem, expand
-from .._lib._compat import array_namespace, device_of
+from .._core._softmax import no_keys
+from .._lib._compat import array_namespace, device_of, namespace_library
 from .._lib._typing import Array, Namespace
+from ._auto import auto_impl
 from ._blockwise import blockwise_attention
 from ._materialize import materialize_attention
 
@@ -67,10 +68,6 @@ DEFAULT_FAN_IN = 4
 #: Key names of the tasks, so tests and the docs can find them in the graph.
 PAIR_PREFIX = "attention-pair-"
 MERGE_PREFIX = "attention-merge-"
-
-# Below this many (query, key) pairs per batch entry, a pair task
-# materialises its scores rather than streaming them (as impl="auto" does).
-_AUTO_MATERIALIZE_MAX_PAIRS = 256 * 256
 
 
 def _fan_in() -> int:
@@ -119,31 +116,26 @@ class _Tile:
     impl: str
     block_size: tuple[int, int] | None
     softcap: float | None
+    options: tuple[str, ...]  # the problem's fields that the task's option chunks fill, in order
 
 
-def _pair(
-    q: Array,
-    k: Array,
-    v: Array,
-    mask: Array | None,
-    bias: Array | None,
-    key_lengths: Array | None,
-    query_lengths: Array | None,
-    tile: _Tile,
-    final: bool,
-) -> Any:
+def _pair(q: Array, k: Array, v: Array, options: list[Array], tile: _Tile, final: bool) -> Any:
     """Attention of one query chunk over one key chunk: ``(out, lse)``, or ``out`` if final."""
-    xp = array_namespace(q, k, v, mask, bias, key_lengths, query_lengths)
+    xp = array_namespace(q, k, v, *options)
+    given = dict(zip(tile.options, options, strict=True))
+    # Lengths count from the start of the whole sequence; the tile's
+    # positions count from its own start.
+    for name, start in (("key_lengths", tile.k0), ("query_lengths", tile.q0)):
+        if name in given:
+            given[name] = given[name] - start
     p = Problem(
         q=q,
         k=k,
         v=v,
-        mask=mask,
-        bias=bias,
-        # Lengths count from the start of the whole sequence; the tile's
-        # positions count from its own start.
-        key_lengths=None if key_lengths is None else key_lengths - tile.k0,
-        query_lengths=None if query_lengths is None else query_lengths - tile.q0,
+        mask=given.get("mask"),
+        bias=given.get("bias"),
+        key_lengths=given.get("key_lengths"),
+        query_lengths=given.get("query_lengths"),
         structure=tile.structure,
         batch=tile.batch,
         out_dtype=q.dtype,
@@ -158,7 +150,9 @@ def _pair(
 def _kernel(
     p: Problem, *, impl: str, block_size: tuple[int, int] | None, xp: Namespace
 ) -> tuple[Array, Array]:
-    if impl == "materialize" or (impl == "auto" and p.lq * p.lk <= _AUTO_MATERIALIZE_MAX_PAIRS):
+    if impl == "auto":  # the entry's rule, on the chunks' own library; the merge needs the lse
+        impl = auto_impl(p, lib=namespace_library(xp), want_lse=True, xp=xp)
+    if impl == "materialize":
         out, lse = materialize_attention(p, want_lse=True, xp=xp)
         assert lse is not None
     else:
@@ -174,15 +168,192 @@ def _merge(parts: list[tuple[Array, Array]], final: bool) -> Any:
 def _hidden(q: Array, batch: tuple[int, ...], dv: int, final: bool) -> Any:
     """A query chunk that sees no key at all: output 0, lse -inf."""
     xp = array_namespace(q)
-    rows = int(q.shape[-2])
-    out = xp.zeros((*batch, rows, dv), dtype=q.dtype, device=device_of(q))
-    lse = xp.full((*batch, rows), -math.inf, dtype=q.dtype, device=device_of(q))
+    out, lse = no_keys(batch, int(q.shape[-2]), dv, dtype=q.dtype, device=device_of(q), xp=xp)
     return out if final else (out, lse)
 
 
 def _lift(x: Any, ndim: int) -> Any:
     """Prepend unit axes so that ``x`` has ``ndim`` dimensions."""
     return x if x.ndim == ndim else x[(None,) * (ndim - x.ndim)]
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """The problem's arrays as dask arrays, chunked on the output's grid."""
+
+    q: Any
+    k: Any
+    v: Any
+    options: dict[str, Any]  # the problem's array options present, by field name
+    batch_chunks: tuple[tuple[int, ...], ...]
+    q_chunks: tuple[int, ...]
+    k_chunks: tuple[int, ...]
+
+    def arrays(self) -> list[Any]:
+        return [self.q, self.k, self.v, *self.options.values()]
+
+    def block(self, x: Any, bb: tuple[int, ...], *tail: int) -> Any:
+        """The key of ``x``'s block for batch block ``bb`` (block 0 where it broadcasts)."""
+        nb = len(self.batch_chunks)
+        head = tuple(b if x.numblocks[a] > 1 else 0 for a, b in enumerate(bb))
+        seq = tuple(t if x.numblocks[nb + n] > 1 else 0 for n, t in enumerate(tail))
+        return (x.name, *head, *seq)
+
+    def option_blocks(self, bb: tuple[int, ...], i: int, j: int) -> list[Any]:
+        """The keys of every option's block for query chunk ``i`` and key chunk ``j``."""
+        nb = len(self.batch_chunks)
+        # Options over the scores (mask, bias) have two sequence axes; the
+        # others (lengths) have the batch axes only.
+        return [
+            self.block(x, bb, i, j) if x.ndim == nb + 2 else self.block(x, bb)
+            for x in self.options.values()
+        ]
+
+
+def _grid(p: Problem) -> _Grid:
+    """Lift and rechunk ``p``'s arrays so that their blocks line up with the output's chunks."""
+    nb = len(p.batch)
+    q, k, v = (_lift(da.asarray(x), nb + 2) for x in (p.q, p.k, p.v))
+    given = {"mask": p.mask, "bias": p.bias}
+    given |= {"key_lengths": p.key_lengths, "query_lengths": p.query_lengths}
+    options = {name: da.asarray(x) for name, x in given.items() if x is not None}
+
+    # Output chunks: each batch axis is chunked as the first operand that
+    # has its full size there (the query, unless it broadcasts); Lq as q.
+    everyone = [q, k, v, *options.values()]
+    batch_chunks: list[tuple[int, ...]] = []
+    for a, size in enumerate(p.batch):
+        src = next((x for x in everyone if x.shape[a] == size and size != 1), None)
+        batch_chunks.append((size,) if src is None else tuple(src.chunks[a]))
+    q_chunks, k_chunks = tuple(q.chunks[-2]), tuple(k.chunks[-2])
+
+    def fit(x: Any, tail: tuple[tuple[int, ...], ...]) -> Any:
+        """Rechunk ``x`` to the output's batch chunks (1 where it broadcasts) and ``tail``."""
+        head = tuple(batch_chunks[a] if x.shape[a] != 1 else (1,) for a in range(nb))
+        return x.rechunk(head + tail)
+
+    def seq_axis(x: Any, axis: int, chunks: tuple[int, ...]) -> tuple[int, ...]:
+        return (1,) if x.shape[axis] == 1 and sum(chunks) != 1 else chunks
+
+    for name, x in options.items():
+        seq = (seq_axis(x, -2, q_chunks), seq_axis(x, -1, k_chunks)) if x.ndim == nb + 2 else ()
+        options[name] = fit(x, seq)
+    return _Grid(
+        fit(q, (q_chunks, (q.shape[-1],))),
+        fit(k, (k_chunks, (k.shape[-1],))),
+        fit(v, (k_chunks, (v.shape[-1],))),
+        options,
+        tuple(batch_chunks),
+        q_chunks,
+        k_chunks,
+    )
+
+
+def _reduce(
+    dsk: dict[Any, Any], partials: list[Any], *, name: str, at: tuple[int, ...], fan_in: int
+) -> list[Any]:
+    """Merge ``partials`` in a tree of at most ``fan_in`` per task, until ``fan_in`` are left."""
+    level = 0
+    while len(partials) > fan_in:
+        groups = [partials[g : g + fan_in] for g in range(0, len(partials), fan_in)]
+        partials = []
+        for g, group in enumerate(groups):
+            if len(group) == 1:
+                partials.append(group[0])
+                continue
+            mkey = (name, *at, level, g)
+            dsk[mkey] = (_merge, list(group), False)
+            partials.append(mkey)
+        level += 1
+    return partials
+
+
+@dataclass(frozen=True)
+class _Names:
+    """The names of one call's task families, from a token of everything the graph depends on."""
+
+    token: str
+
+    @property
+    def pair(self) -> str:
+        return PAIR_PREFIX + self.token
+
+    @property
+    def merge(self) -> str:
+        return MERGE_PREFIX + self.token
+
+    @property
+    def out(self) -> str:
+        return "attention-out-" + self.token
+
+    @property
+    def lse(self) -> str:
+        return "attention-lse-" + self.token
+
+    @property
+    def final(self) -> str:
+        return "attention-final-" + self.token
+
+
+def _tasks(
+    p: Problem,
+    g: _Grid,
+    names: _Names,
+    *,
+    impl: str,
+    block_size: tuple[int, int] | None,
+    return_lse: bool,
+    fan_in: int,
+) -> dict[Any, Any]:
+    """Every task of the graph: pairs, merges, and the output chunks (with their lse)."""
+    s = p.structure
+    q_starts, k_starts = _starts(g.q_chunks), _starts(g.k_chunks)
+    by_query: dict[int, list[int]] = {i: [] for i in range(len(g.q_chunks))}
+    for i, j in visible_pairs(s, g.q_chunks, g.k_chunks):
+        by_query[i].append(j)
+    dsk: dict[Any, Any] = {}
+    for bb in product(*(range(len(c)) for c in g.batch_chunks)):
+        batch = tuple(g.batch_chunks[a][b] for a, b in enumerate(bb))
+        for i, q0 in enumerate(q_starts):
+            q1 = q0 + g.q_chunks[i]
+            final_key = (names.out, *bb, i, 0) if not return_lse else (names.final, *bb, i)
+            partials = []
+            for j in by_query[i]:
+                k0, k1 = k_starts[j], k_starts[j] + g.k_chunks[j]
+                tile = _Tile(
+                    (i, j),
+                    Structure(q1 - q0, k1 - k0, s.offset + q0 - k0, s.causal, s.window),
+                    q0,
+                    k0,
+                    batch,
+                    impl,
+                    block_size,
+                    p.softcap,
+                    tuple(g.options),
+                )
+                # A query chunk that sees one key chunk needs no merge: its
+                # pair task is the output chunk (one task per chunk).
+                alone = len(by_query[i]) == 1
+                pkey = final_key if alone else (names.pair, *bb, i, j)
+                dsk[pkey] = (
+                    _pair,
+                    g.block(g.q, bb, i, 0),
+                    g.block(g.k, bb, j, 0),
+                    g.block(g.v, bb, j, 0),
+                    g.option_blocks(bb, i, j),
+                    tile,
+                    alone and not return_lse,
+                )
+                partials.append(pkey)
+            if not partials:
+                dsk[final_key] = (_hidden, g.block(g.q, bb, i, 0), batch, p.dv, not return_lse)
+            elif len(partials) > 1:
+                partials = _reduce(dsk, partials, name=names.merge, at=(*bb, i), fan_in=fan_in)
+                dsk[final_key] = (_merge, partials, not return_lse)
+            if return_lse:
+                out_key = (names.out, *bb, i, 0)
+                dsk[out_key] = (operator.getitem, final_key, 0)
+    return dsk
 
 
 def dask_attention(
@@ -203,49 +374,13 @@ def dask_attention(
             "use impl='auto', 'blockwise' or 'materialize'"
         )
         raise NotImplementedError(msg)
-    nb = len(p.batch)
-    ndim = nb + 2
     fan_in = _fan_in()
-    q, k, v = (_lift(da.asarray(x), ndim) for x in (p.q, p.k, p.v))
-    extras = [None if x is None else da.asarray(x) for x in (p.mask, p.bias)]
-    lengths = [None if x is None else da.asarray(x) for x in (p.key_lengths, p.query_lengths)]
-
-    # Output chunks: each batch axis is chunked as the first operand that
-    # has its full size there (the query, unless it broadcasts); Lq as q.
-    everyone = [x for x in (q, k, v, *extras, *lengths) if x is not None]
-    batch_chunks: list[tuple[int, ...]] = []
-    for a, size in enumerate(p.batch):
-        src = next((x for x in everyone if x.shape[a] == size and size != 1), None)
-        batch_chunks.append((size,) if src is None else tuple(src.chunks[a]))
-    q_chunks, k_chunks = tuple(q.chunks[-2]), tuple(k.chunks[-2])
-
-    def fit(x: Any, tail: tuple[tuple[int, ...], ...]) -> Any:
-        """Rechunk ``x`` to the output's batch chunks (1 where it broadcasts) and ``tail``."""
-        head = tuple(batch_chunks[a] if x.shape[a] != 1 else (1,) for a in range(nb))
-        return x.rechunk(head + tail)
-
-    def seq_axis(x: Any, axis: int, chunks: tuple[int, ...]) -> tuple[int, ...]:
-        return (1,) if x.shape[axis] == 1 and sum(chunks) != 1 else chunks
-
-    q = fit(q, (q_chunks, (q.shape[-1],)))
-    k = fit(k, (k_chunks, (k.shape[-1],)))
-    v = fit(v, (k_chunks, (v.shape[-1],)))
-    mask, bias = (
-        None if x is None else fit(x, (seq_axis(x, -2, q_chunks), seq_axis(x, -1, k_chunks)))
-        for x in extras
-    )
-    key_lengths, query_lengths = (None if x is None else fit(x, ()) for x in lengths)
-
+    g = _grid(p)
     # Everything the graph depends on goes into its name (dask's convention).
     token = tokenize(
         "portattn",
-        q,
-        k,
-        v,
-        mask,
-        bias,
-        key_lengths,
-        query_lengths,
+        *g.arrays(),
+        tuple(g.options),
         p.structure,
         p.softcap,
         impl,
@@ -253,101 +388,30 @@ def dask_attention(
         return_lse,
         fan_in,
     )
-    pair_name, merge_name = PAIR_PREFIX + token, MERGE_PREFIX + token
-    out_name, lse_name = "attention-out-" + token, "attention-lse-" + token
-    final_name = "attention-final-" + token
-    s = p.structure
-    q_starts, k_starts = _starts(q_chunks), _starts(k_chunks)
-    by_query: dict[int, list[int]] = {i: [] for i in range(len(q_chunks))}
-    for i, j in visible_pairs(s, q_chunks, k_chunks):
-        by_query[i].append(j)
-
-    def key(x: Any, bb: tuple[int, ...], *tail: int) -> Any:
-        """The key of ``x``'s block for batch block ``bb`` (block 0 where it broadcasts)."""
-        if x is None:
-            return None
-        head = tuple(b if x.numblocks[a] > 1 else 0 for a, b in enumerate(bb))
-        seq = tuple(t if x.numblocks[nb + n] > 1 else 0 for n, t in enumerate(tail))
-        return (x.name, *head, *seq)
-
-    dsk: dict[Any, Any] = {}
-    for bb in product(*(range(len(c)) for c in batch_chunks)):
-        batch = tuple(batch_chunks[a][b] for a, b in enumerate(bb))
-        for i, q0 in enumerate(q_starts):
-            q1 = q0 + q_chunks[i]
-            final_key = (out_name, *bb, i, 0) if not return_lse else (final_name, *bb, i)
-            partials = []
-            for j in by_query[i]:
-                k0 = k_starts[j]
-                k1 = k0 + k_chunks[j]
-                tile = _Tile(
-                    (i, j),
-                    Structure(q1 - q0, k1 - k0, s.offset + q0 - k0, s.causal, s.window),
-                    q0,
-                    k0,
-                    batch,
-                    impl,
-                    block_size,
-                    p.softcap,
-                )
-                # A query chunk that sees one key chunk needs no merge: its
-                # pair task is the output chunk (one task per chunk).
-                alone = len(by_query[i]) == 1
-                pkey = final_key if alone else (pair_name, *bb, i, j)
-                dsk[pkey] = (
-                    _pair,
-                    key(q, bb, i, 0),
-                    key(k, bb, j, 0),
-                    key(v, bb, j, 0),
-                    key(mask, bb, i, j),
-                    key(bias, bb, i, j),
-                    key(key_lengths, bb),
-                    key(query_lengths, bb),
-                    tile,
-                    alone and not return_lse,
-                )
-                partials.append(pkey)
-            if not partials:
-                dsk[final_key] = (_hidden, key(q, bb, i, 0), batch, p.dv, not return_lse)
-            elif len(partials) > 1:
-                level = 0
-                while len(partials) > fan_in:
-                    groups = [partials[g : g + fan_in] for g in range(0, len(partials), fan_in)]
-                    partials = []
-                    for g, group in enumerate(groups):
-                        if len(group) == 1:
-                            partials.append(group[0])
-                            continue
-                        mkey = (merge_name, *bb, i, level, g)
-                        dsk[mkey] = (_merge, list(group), False)
-                        partials.append(mkey)
-                    level += 1
-                dsk[final_key] = (_merge, list(partials), not return_lse)
-            if return_lse:
-                out_key = (out_name, *bb, i, 0)
-                dsk[out_key] = (operator.getitem, final_key, 0)
-
-    deps = [x for x in (q, k, v, mask, bias, key_lengths, query_lengths) if x is not None]
-    graph = HighLevelGraph.from_collections(out_name, dsk, dependencies=deps)
-    dtype = q.dtype
+    names = _Names(token)
+    dsk = _tasks(
+        p, g, names, impl=impl, block_size=block_size, return_lse=return_lse, fan_in=fan_in
+    )
+    graph = HighLevelGraph.from_collections(names.out, dsk, dependencies=g.arrays())
+    ndim, dtype = len(p.batch) + 2, g.q.dtype
     out = da.Array(
         graph,
-        out_name,
-        (*batch_chunks, q_chunks, (p.dv,)),
-        meta=meta_from_array(q._meta, ndim=ndim, dtype=dtype),
+        names.out,
+        (*g.batch_chunks, g.q_chunks, (p.dv,)),
+        meta=meta_from_array(g.q._meta, ndim=ndim, dtype=dtype),
     )
     if not return_lse:
         return out, None
     lse_dsk = {
-        (lse_name, *bb, i): (operator.getitem, (final_name, *bb, i), 1)
-        for bb in product(*(range(len(c)) for c in batch_chunks))
-        for i in range(len(q_chunks))
+        (names.lse, *bb, i): (operator.getitem, (names.final, *bb, i), 1)
+        for bb in product(*(range(len(c)) for c in g.batch_chunks))
+        for i in range(len(g.q_chunks))
     }
-    lse_graph = HighLevelGraph.from_collections(lse_name, lse_dsk, dependencies=[out])
+    lse_graph = HighLevelGraph.from_collections(names.lse, lse_dsk, dependencies=[out])
     lse = da.Array(
         lse_graph,
-        lse_name,
-        (*batch_chunks, q_chunks),
-        meta=meta_from_array(q._meta, ndim=ndim - 1, dtype=dtype),
+        names.lse,
+        (*g.batch_chunks, g.q_chunks),
+        meta=meta_from_array(g.q._meta, ndim=ndim - 1, dtype=dtype),
     )
     return out, lse
