@@ -64,6 +64,15 @@ def test_identity_refuses_what_is_not_an_integer_scalar(bad):
         pa.Head.identity(bad)
 
 
+def test_arguments_that_are_not_arrays_are_named():
+    head = pa.Head.identity(2)
+    for method in (head, head.weights, head.scores):
+        with pytest.raises(TypeError, match=r"expected x to be an array, got \[\[1.0, 2.0\]\]"):
+            method([[1.0, 2.0]])
+    with pytest.raises(TypeError, match="expected wv to be an array, got None"):
+        pa.Head(head.wq, head.wk, None)
+
+
 @pytest.mark.parametrize("flag", [1, 0, None, "no"])
 def test_scores_scaled_is_a_flag(flag):
     x = np.ones((2, 4), dtype=np.float32)

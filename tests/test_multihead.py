@@ -489,6 +489,18 @@ def test_arguments_that_are_not_arrays_are_named():
         mha.weights([1.0])
 
 
+def test_weights_that_are_not_arrays_are_named():
+    w = np.eye(4)
+    with pytest.raises(TypeError, match=r"expected wk to be an array, got \[\[1.0\]\]"):
+        pa.MultiHeadAttention(w, [[1.0]], w, w, num_heads=2)
+    with pytest.raises(TypeError, match="expected bv to be an array, got 3"):
+        pa.MultiHeadAttention(w, w, w, w, num_heads=2, bv=3)
+    with pytest.raises(TypeError, match="expected in_proj_bias to be an array, got 3"):
+        pa.MultiHeadAttention.from_torch_weights(np.ones((12, 4)), w, num_heads=2, in_proj_bias=3)
+    with pytest.raises(TypeError, match="expected out_proj_weight to be an array"):
+        pa.MultiHeadAttention.from_torch_weights(np.ones((12, 4)), None, num_heads=2)
+
+
 def test_rope_base_is_refused_when_the_layer_is_built():
     w = np.zeros((8, 8))
     with pytest.raises(ValueError, match=r"expected rope_base to be a finite real number > 1"):

@@ -113,6 +113,7 @@ CASES: tuple[Case, ...] = (
     Case("Head and MultiHeadAttention", "pa.Head.random(0, 2)"),
     Case("Head and MultiHeadAttention", "pa.Head.random(4, 2, std='1')"),
     Case("Head and MultiHeadAttention", "pa.Head.identity(True)"),
+    Case("Head and MultiHeadAttention", "pa.Head.identity(4)([[1.0, 2.0, 3.0, 4.0]])"),
     Case("Head and MultiHeadAttention", "pa.Head.identity(4).scores(x, scaled=1)"),
     Case(
         "Head and MultiHeadAttention",

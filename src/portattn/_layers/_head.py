@@ -10,6 +10,7 @@ from .._attention import solve, solve_weights
 from .._core._masks import Causal
 from .._core._problem import prepare
 from .._lib._checks import (
+    check_array,
     check_flag,
     check_floating,
     check_int,
@@ -53,6 +54,8 @@ class Head:
     """
 
     def __init__(self, wq: Array, wk: Array, wv: Array, /) -> None:
+        for name, w in (("wq", wq), ("wk", wk), ("wv", wv)):
+            check_array(name, w)
         xp = array_namespace(wq, wk, wv)
         for name, w in (("wq", wq), ("wk", wk), ("wv", wv)):
             check_floating(name, w, xp=xp)
@@ -174,6 +177,7 @@ class Head:
         >>> head.scores(x, scaled=False).tolist(), head.scores(x).tolist()
         ([[4.0, 4.0], [4.0, 4.0]], [[2.0, 2.0], [2.0, 2.0]])
         """
+        check_array("x", x)
         xp = array_namespace(x, self.wq)
         scale = check_flag("scaled", scaled)
         q, k, _ = self._project(x, xp=xp)
@@ -184,12 +188,14 @@ class Head:
 
     def weights(self, x: Array, /, *, causal: Causal = False) -> Array:
         """Attention weights ``softmax(Q Kᵀ / √d_head)``, (..., seq, seq); rows sum to 1."""
+        check_array("x", x)
         xp = array_namespace(x, self.wq)
         q, k, _ = self._project(x, xp=xp)
         return solve_weights(prepare(q, k, None, causal=causal, xp=xp), xp=xp)
 
     def __call__(self, x: Array, /, *, causal: Causal = False) -> Array:
         """The head's output for ``x`` of shape (..., seq, d_model): (..., seq, d_head)."""
+        check_array("x", x)
         xp = array_namespace(x, self.wq)
         q, k, v = self._project(x, xp=xp)
         out = solve(prepare(q, k, v, causal=causal, xp=xp), xp=xp)

@@ -12,11 +12,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._lib._checks import check_flag, check_floating, check_int, check_same_device
+from .._lib._checks import check_array, check_flag, check_floating, check_int, check_same_device
+from .._lib._compat import array_namespace
 from .._lib._random import from_numpy_float64, standard_normal
 from .._lib._typing import Array, Device, DType, Namespace
 
-__all__ = ["Sizes", "check_heads", "check_weights", "random_weights"]
+__all__ = ["Sizes", "check_heads", "check_weights", "random_weights", "weights_namespace"]
 
 
 class Sizes(NamedTuple):
@@ -44,6 +45,14 @@ def check_heads(num_heads: object, num_kv_heads: object) -> tuple[int, int]:
 
 def _shape(a: Array) -> tuple[int, ...]:
     return tuple(int(n) for n in a.shape)
+
+
+def weights_namespace(matrices: dict[str, Array], biases: dict[str, Array | None]) -> Namespace:
+    """The layer's one namespace lookup, after naming any weight that is not an array."""
+    for name, a in (*matrices.items(), *biases.items()):
+        if a is not None or name in matrices:
+            check_array(name, a)
+    return array_namespace(*matrices.values(), *biases.values())
 
 
 def check_weights(

@@ -5,6 +5,13 @@ projections; the heads run as one batched :func:`portattn.attention` call.
 Grouped-query attention never repeats keys or values: queries are reshaped to
 (..., Hkv, G, Lq, d_head) and keys to (..., Hkv, 1, Lk, d_head), and batch
 broadcasting pairs each group of ``G`` query heads with its one KV head.
+
+One call, one idea per module: :mod:`._mha_inputs` checks the arguments and
+lays masks out for the heads, :mod:`._heads` splits, groups and merges them,
+:func:`._positions.rope_heads` rotates them, :func:`._kvcache.cache_step`
+stages the new tokens, and :func:`portattn.attention`'s ``solve`` does the
+rest. The weights are checked in :mod:`._mha_weights`; the alternative
+constructors live in :mod:`._mha_build`.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from ._heads import group_heads, merge_heads, split_heads, ungroup_heads
 from ._kvcache import KVCache, Staged, cache_step
 from ._mha_build import Builders
 from ._mha_inputs import check_arrays, check_inputs, check_layouts, layout_masks
-from ._mha_weights import check_weights
+from ._mha_weights import check_weights, weights_namespace
 from ._positions import RopeLayout, rope_heads
 
 __all__ = ["MultiHeadAttention"]
@@ -92,14 +99,11 @@ class MultiHeadAttention(Builders):
         rope: RopeLayout | None = None,
         rope_base: float = 10000.0,
     ) -> None:
-        xp = array_namespace(wq, wk, wv, wo, bq, bk, bv, bo)
+        matrices = {"wq": wq, "wk": wk, "wv": wv, "wo": wo}
+        biases = {"bq": bq, "bk": bk, "bv": bv, "bo": bo}
+        xp = weights_namespace(matrices, biases)
         sizes = check_weights(
-            {"wq": wq, "wk": wk, "wv": wv, "wo": wo},
-            {"bq": bq, "bk": bk, "bv": bv, "bo": bo},
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            rope=rope,
-            xp=xp,
+            matrices, biases, num_heads=num_heads, num_kv_heads=num_kv_heads, rope=rope, xp=xp
         )
         base = check_real("rope_base", rope_base, above=1.0)  # as apply_rope's base
         self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo

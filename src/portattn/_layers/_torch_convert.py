@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .._lib._checks import check_array
 from .._lib._compat import array_namespace, resolve_namespace
 from .._lib._convert import to_numpy
 from .._lib._random import from_numpy_float64
@@ -59,6 +60,11 @@ def from_torch_weights(
     out_proj_bias: Array | None = None,
 ) -> Weights:
     """The constructor arguments of :meth:`MultiHeadAttention.from_torch_weights`."""
+    named = {"in_proj_weight": in_proj_weight, "out_proj_weight": out_proj_weight}
+    named |= {"in_proj_bias": in_proj_bias, "out_proj_bias": out_proj_bias}
+    for name, a in named.items():
+        if a is not None or name.endswith("weight"):
+            check_array(name, a)
     xp = array_namespace(in_proj_weight, out_proj_weight, in_proj_bias, out_proj_bias)
     w = in_proj_weight
     if w.ndim != 2 or int(w.shape[0]) != 3 * int(w.shape[1]):
