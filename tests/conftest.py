@@ -20,10 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from portattn._lib._backends import BACKENDS, load
-from portattn.testing import assert_close
+from portattn.testing import assert_close, backends, load_backend
 
-KNOWN = tuple(b.name for b in BACKENDS)  # the one list, shared with the docs and the CLI
+KNOWN = tuple(b.name for b in backends())  # the one list, shared with the docs and the CLI
 ENV = "PORTATTN_BACKENDS"
 
 
@@ -57,7 +56,7 @@ class Backend:
 
 def _load(name: str) -> Backend:
     """Import a backend or raise ImportError/RuntimeError saying why it cannot run."""
-    got = load(name)
+    got = load_backend(name)
     return Backend(name, got.xp, got.device, got.half_dtypes, got.from_numpy)
 
 

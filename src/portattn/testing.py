@@ -1,23 +1,38 @@
-"""Assertions for checking attention results across array libraries.
+"""Assertions for checking attention results across array libraries, and what to check on.
 
 :func:`assert_close` first checks that the result is in the namespace, dtype,
 shape and device the caller expects, and only then compares values, so a test
-cannot pass because both sides were silently NumPy.
+cannot pass because both sides were silently NumPy. :func:`backends` and
+:func:`load_backend` are the libraries portattn is tested on, and
+:func:`dask_schedule` says which tasks a lazy dask result will run.
 """
 
 from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from ._lib._backends import BACKENDS, BackendSpec, Loaded, load
 from ._lib._checks import check_real, dtype_name, shown
 from ._lib._compat import array_namespace, device_of, is_array_api_obj, resolve_namespace
 from ._lib._convert import to_numpy
 from ._lib._typing import Array, Device, DType, Namespace
 
-__all__ = ["assert_close", "max_relative_error", "to_numpy"]
+__all__ = [
+    "BackendSpec",
+    "DaskSchedule",
+    "Loaded",
+    "assert_close",
+    "backends",
+    "dask_schedule",
+    "load_backend",
+    "max_relative_error",
+    "to_numpy",
+]
 
 
 def _reference(name: str, x: object) -> np.ndarray:
@@ -137,3 +152,123 @@ def _same_dtype(a: DType, b: DType) -> bool:
     if a is None or b is None:
         return a is b
     return bool(a == b)
+
+
+def backends() -> tuple[BackendSpec, ...]:
+    """Every array library portattn is tested and documented on, installed here or not.
+
+    The one list that the test matrix (``PORTATTN_BACKENDS``), the docs'
+    backend table and ``python -m portattn`` read. Nothing is imported: see
+    :func:`load_backend`.
+
+    Returns
+    -------
+    tuple of BackendSpec
+        In a fixed order. Each names the library (``name`` as in
+        ``PORTATTN_BACKENDS``, ``label`` for people), its kind of device, the
+        distribution whose version reports show and the floating dtypes
+        portattn accepts there; ``variant`` marks another way of holding one
+        library's arrays (read-only NumPy).
+
+    Examples
+    --------
+    >>> from portattn.testing import backends
+    >>> [b.name for b in backends()][:3]
+    ['numpy', 'numpy_readonly', 'torch']
+    """
+    return BACKENDS
+
+
+def load_backend(name: str) -> Loaded:
+    """Import the backend called ``name`` and say how to put arrays on it.
+
+    Parameters
+    ----------
+    name : str
+        A ``name`` from :func:`backends`, such as ``"torch"``.
+
+    Returns
+    -------
+    Loaded
+        ``xp`` (the array API namespace), ``device``, ``half_dtypes`` (its
+        float16/bfloat16, where it has them) and ``from_numpy`` (a NumPy
+        array's values as an array of this library on ``device``).
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not a known backend.
+    ImportError
+        The library is not installed.
+    RuntimeError
+        It cannot run here, such as a CUDA backend without a CUDA device.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from portattn.testing import load_backend
+    >>> strict = load_backend("array_api_strict")
+    >>> strict.from_numpy(np.ones((2, 3))).shape
+    (2, 3)
+    """
+    return load(name)
+
+
+@dataclass(frozen=True)
+class DaskSchedule:
+    """The tasks a lazy attention result on dask arrays will run (see :func:`dask_schedule`).
+
+    Attributes
+    ----------
+    pairs : frozenset of (int, int)
+        The (query chunk, key chunk) pairs that get a task; pairs that
+        ``causal``, ``window`` or lengths hide entirely get none.
+    pair_tasks : int
+        Pair tasks over every batch block.
+    merge_tasks : int
+        Tasks that merge partial results through their log-sum-exp.
+    tasks : int
+        The result's own tasks in all: pairs, merges and output chunks
+        (the inputs' tasks are not counted).
+    """
+
+    pairs: frozenset[tuple[int, int]]
+    pair_tasks: int
+    merge_tasks: int
+    tasks: int
+
+
+def dask_schedule(result: Any, /) -> DaskSchedule:
+    """Read the schedule of ``pa.attention`` on dask arrays from its graph, without computing it.
+
+    Parameters
+    ----------
+    result : dask array
+        What :func:`portattn.attention` returned for dask inputs (the output,
+        not yet computed).
+
+    Returns
+    -------
+    DaskSchedule
+        Which (query chunk, key chunk) pairs run, and how many tasks.
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> import portattn as pa
+    >>> from portattn.testing import dask_schedule
+    >>> x = da.ones((1, 8, 4), chunks=(1, 4, 4))
+    >>> sorted(dask_schedule(pa.attention(x, x, x, causal=True)).pairs)
+    [(0, 0), (1, 0), (1, 1)]
+    """
+    from ._paths._dask import _merge, _pair
+
+    graph = dict(result.__dask_graph__())
+    found = [t for t in graph.values() if isinstance(t, tuple) and t]
+    pair_tasks = [t for t in found if t[0] is _pair]
+    return DaskSchedule(
+        pairs=frozenset(t[8].index for t in pair_tasks),
+        pair_tasks=len(pair_tasks),
+        merge_tasks=sum(1 for t in found if t[0] is _merge),
+        tasks=sum(1 for key in graph if str(key[0]).startswith("attention-")),
+    )
