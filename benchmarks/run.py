@@ -14,7 +14,8 @@ Record schema (``cpu.json``; the Performance page reads it, defensively):
 
 - ``date``, ``machine`` (cpu, cores, versions, ``blas``: threadpoolctl's view
   of each BLAS, ``torch_threads``), ``load_before``/``load_after``
-  (``os.getloadavg()``), ``config``, ``skipped`` (sentences);
+  (``os.getloadavg()``), ``config`` (shapes, sizes, and the thread pool's
+  tile and threshold: :func:`pool_facts`), ``skipped`` (sentences);
 - ``throughput``: rows ``{subject, library, impl, kind, setting, n, causal,
   runs, median_s, min_s, gflops, vs_sdpa, load}``; ``subject`` is the label,
   the four fields after it say what it is (``core.Subject``): torch SDPA and
@@ -205,6 +206,22 @@ def training(sizes: tuple[int, ...], rounds: int, steps: int = 2) -> dict[str, A
                     f"x{base / med:.2f} peak {peak / 2**20:8.1f} MiB = {peak / io:.2f}x io"
                 )
     return {"backward": "O(N) blockwise backward (FlashAttention-2)", "rows": rows}
+
+
+def pool_facts() -> dict[str, int]:
+    """What the NumPy thread pool is built on, as this run's portattn sets it.
+
+    ``numpy_tile_elements``: the score-tile size of the blockwise path's
+    default blocks on NumPy (each pool worker holds one); ``pool_min_work``:
+    the multiply-adds below which a call never uses the pool.
+    """
+    from portattn._lib import _threads
+    from portattn._paths import _blockwise
+
+    return {
+        "numpy_tile_elements": _blockwise._DEFAULTS["numpy"][1],
+        "pool_min_work": _threads._MIN_WORK,
+    }
 
 
 def threads_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -733,7 +750,14 @@ def main() -> None:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "load_before": load(),
-        "config": {"B": B, "H": H, "d": D, "dtype": "float32", "sizes": list(sizes)},
+        "config": {
+            "B": B,
+            "H": H,
+            "d": D,
+            "dtype": "float32",
+            "sizes": list(sizes),
+            **pool_facts(),
+        },
         "skipped": [
             f"materialize and plain numpy above N={MATERIALIZE_MAX_N} (throughput) and "
             f"materialize above N={MATERIALIZE_MEMORY_MAX_N} (memory): (N, N) scores for "

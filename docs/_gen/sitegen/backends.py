@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 
 import portattn as pa
-from portattn._lib._backends import BACKENDS, load
-from portattn.testing import max_relative_error
+from portattn.testing import backends, load_backend, max_relative_error
 
 
 @dataclass
@@ -46,11 +45,11 @@ class Backend:
 def discover() -> tuple[Backend, ...]:
     """Every library portattn knows (the shared backend list), present or not, in a fixed order."""
     out: list[Backend] = []
-    for spec in BACKENDS:
+    for spec in backends():
         if spec.variant:
             continue
         try:
-            got = load(spec.name)
+            got = load_backend(spec.name)
         except ImportError:
             out.append(_entry(spec, missing="not installed"))
             continue

@@ -35,29 +35,20 @@ class Grid:
     tasks: int  # the schedule's tasks: pairs, merges and output chunks (not the inputs')
 
 
-def _graph_tasks(x: Any) -> list[tuple[Any, ...]]:
-    return [t for t in dict(x.__dask_graph__()).values() if isinstance(t, tuple) and t]
-
-
 @cache
 def grid(options: tuple[tuple[str, Any], ...] = (("causal", True),), title: str = "") -> Grid:
     """Build (not compute) attention on dask arrays and read its pair and merge tasks."""
     import dask.array as da
 
-    from portattn._paths._dask import _merge, _pair
+    from portattn.testing import dask_schedule
 
     rng = np.random.default_rng(0)
     q, k, v = (
         da.from_array(rng.standard_normal((1, N, D), dtype=np.float32), chunks=(1, N // CHUNKS, D))
         for _ in range(3)
     )
-    out = pa.attention(q, k, v, **dict(options))
-    graph = dict(out.__dask_graph__())
-    found = _graph_tasks(out)
-    pairs = frozenset(t[5].index for t in found if t[0] is _pair)
-    merges = sum(1 for t in found if t[0] is _merge)
-    total = sum(1 for key in graph if str(key[0]).startswith("attention-"))
-    return Grid(title, CHUNKS, pairs, merges, total)
+    schedule = dask_schedule(pa.attention(q, k, v, **dict(options)))
+    return Grid(title, CHUNKS, schedule.pairs, schedule.merge_tasks, schedule.tasks)
 
 
 def grids() -> tuple[Grid, ...]:
@@ -147,13 +138,12 @@ def cluster_grid(n: int = 65536, chunk: int = 4096) -> dict[str, str]:
     """The cluster test's schedule, read from its graph (lazy zeros: nothing is allocated)."""
     import dask.array as da
 
-    from portattn._paths._dask import _pair
+    from portattn.testing import dask_schedule
 
     q = da.zeros((1, n, D), dtype=np.float32, chunks=(1, chunk, D))
     counts = {}
     for name, causal in (("full", False), ("causal", True)):
-        found = _graph_tasks(pa.attention(q, q, q, causal=causal))
-        counts[name] = sum(1 for t in found if t[0] is _pair)
+        counts[name] = dask_schedule(pa.attention(q, q, q, causal=causal)).pair_tasks
     return {
         "n": str(n),
         "chunk": str(chunk),

@@ -489,17 +489,16 @@ def _gap_sentence(lib: str, p: dict[str, Any], call: dict[str, Any], n: int = 20
 def pool_cost_markdown() -> str:
     """What the NumPy thread pool costs: memory per worker, start-up, and its threshold.
 
-    The tile size and the threshold are read from the library, the start-up
-    cost from the record's smallest thread-pool row.
+    The tile size, the threshold and the start-up cost are all read from
+    the record: the tile and threshold as the benchmark's portattn set them
+    (``config``), the cost from its smallest thread-pool row.
     """
-    from portattn._lib import _threads
-    from portattn._paths import _blockwise
-
-    tile_elems = _blockwise._DEFAULTS["numpy"][1]
     cfg = record().get("config", {})
+    tile_elems, threshold = cfg.get("numpy_tile_elements"), cfg.get("pool_min_work")
+    if not isinstance(tile_elems, int) or not isinstance(threshold, int):
+        return "This record does not say how the thread pool was set up.\n"
     itemsize = {"float32": 4, "float64": 8, "float16": 2}.get(str(cfg.get("dtype")), 4)
     tile_mib = tile_elems * itemsize / 2**20
-    threshold = _threads._MIN_WORK
     exp = threshold.bit_length() - 1
     text = (
         "The cost: each worker holds its own score tiles, so the pool's peak memory is "

@@ -17,7 +17,6 @@ import numpy as np
 
 import portattn as pa
 from portattn import chapter
-from portattn._lib._random import standard_normal
 
 from .figures import CHAPTER_PRINTED, SEQ_LEN, TABLE_DIMS
 
@@ -49,7 +48,7 @@ def _draw(std: float | None, seed: int) -> np.ndarray:
     out = np.empty((len(TABLE_DIMS), 2))
     for i, d in enumerate(TABLE_DIMS):
         head = pa.Head.random(d, d, seed=seed, std=1 / math.sqrt(d) if std is None else std)
-        x = standard_normal((SEQ_LEN, d), seed=seed + 10_000).astype(np.float32)
+        x = np.random.default_rng(seed + 10_000).standard_normal((SEQ_LEN, d)).astype(np.float32)
         for j, scaled in enumerate((False, True)):
             out[i, j] = chapter.sharpness(pa.softmax(head.scores(x, scaled=scaled), axis=-1))
     return out
