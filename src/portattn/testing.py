@@ -261,13 +261,15 @@ def dask_schedule(result: Any, /) -> DaskSchedule:
     >>> sorted(dask_schedule(pa.attention(x, x, x, causal=True)).pairs)
     [(0, 0), (1, 0), (1, 1)]
     """
-    from ._paths._dask import _merge, _pair
+    from ._paths._dask import _merge, _pair, _Tile
 
     graph = dict(result.__dask_graph__())
     found = [t for t in graph.values() if isinstance(t, tuple) and t]
     pair_tasks = [t for t in found if t[0] is _pair]
+    # the tile is found by its type, not its place, so _pair's signature may change
+    tiles = [next(a for a in t[1:] if isinstance(a, _Tile)) for t in pair_tasks]
     return DaskSchedule(
-        pairs=frozenset(t[8].index for t in pair_tasks),
+        pairs=frozenset(tile.index for tile in tiles),
         pair_tasks=len(pair_tasks),
         merge_tasks=sum(1 for t in found if t[0] is _merge),
         tasks=sum(1 for key in graph if str(key[0]).startswith("attention-")),
