@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import typing
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -41,7 +40,7 @@ try:  # where transformers 5 records the outputs it was asked for; private, so o
 except ImportError:  # pragma: no cover - other transformers versions
     _COLLECTOR = None
 
-from .._attention import Impl, attention, attention_weights
+from .._attention import IMPLS, Impl, attention, attention_weights
 from .._layers._heads import group_heads, group_mask, ungroup_heads
 from .._lib._compat import array_namespace
 from .._lib._typing import Namespace
@@ -57,7 +56,6 @@ __all__ = [
     "tiny_model",
 ]
 
-_IMPLS = typing.get_args(Impl)
 
 # Keyword arguments the models pass that change nothing here: cache and output
 # bookkeeping, and the packed-sequence hints of the flash-attention kernels,
@@ -379,8 +377,8 @@ def register(name: str = "portattn", *, impl: Impl = "auto") -> str:
     >>> register("portattn-blockwise", impl="blockwise")
     'portattn-blockwise'
     """
-    if impl not in _IMPLS:
-        msg = f"expected impl to be one of {', '.join(map(repr, _IMPLS))}, got {impl!r}"
+    if impl not in IMPLS:
+        msg = f"expected impl to be one of {', '.join(map(repr, IMPLS))}, got {impl!r}"
         raise ValueError(msg)
     if not isinstance(name, str) or not name:
         msg = f"expected name to be a non-empty string, got {name!r}"
