@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from .._lib._typing import Array, Namespace
 
-__all__ = ["group_heads", "group_mask", "merge_heads", "split_heads", "ungroup_heads"]
+__all__ = [
+    "group_heads",
+    "group_mask",
+    "group_per_head",
+    "merge_heads",
+    "split_heads",
+    "ungroup_heads",
+]
 
 
 def split_heads(t: Array, heads: int, *, xp: Namespace) -> Array:
@@ -60,6 +67,12 @@ def group_mask(mask: Array, *, num_kv_heads: int, heads_axis: bool, xp: Namespac
     if h == 1:
         return xp.reshape(mask, (*mask.shape[:-3], 1, 1, *lq_lk))
     return xp.reshape(mask, (*mask.shape[:-3], num_kv_heads, h // num_kv_heads, *lq_lk))
+
+
+def group_per_head(t: Array, *, num_kv_heads: int, xp: Namespace) -> Array:
+    """One value per query head (..., H), such as a sink logit, as (..., Hkv, G)."""
+    h = int(t.shape[-1])
+    return xp.reshape(t, (*t.shape[:-1], num_kv_heads, h // num_kv_heads))
 
 
 def ungroup_heads(t: Array, *, xp: Namespace) -> Array:

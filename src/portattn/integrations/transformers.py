@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover - other transformers versions
     _COLLECTOR = None
 
 from .._attention import IMPLS, Impl, attention, attention_weights
-from .._layers._heads import group_heads, group_mask, ungroup_heads
+from .._layers._heads import group_heads, group_mask, group_per_head, ungroup_heads
 from .._lib._compat import array_namespace
 from .._lib._typing import Namespace
 from ._tiny import ARCHITECTURES, NON_CAUSAL_ARCHITECTURES, tiny_batch, tiny_model
@@ -233,7 +233,7 @@ def attention_forward(
     }
     sinks = kwargs.get("s_aux")
     if sinks is not None:
-        options["sinks"] = _grouped_sinks(sinks, hq=hq, hkv=hkv)
+        options["sinks"] = _grouped_sinks(sinks, hq=hq, hkv=hkv, xp=xp)
 
     # Group the query heads onto their key/value head instead of repeating K and V:
     # q (B, Hkv, G, Lq, d) against k, v (B, Hkv, 1, Lk, d) broadcast over G.
@@ -315,13 +315,14 @@ def _with_position_bias(
     return grouped if bias is None else bias + grouped
 
 
-def _grouped_sinks(sinks: object, *, hq: int, hkv: int) -> torch.Tensor:
+def _grouped_sinks(sinks: object, *, hq: int, hkv: int, xp: Namespace) -> torch.Tensor:
     """gpt-oss's sinks, one per query head (Hq,), in the grouped layout (Hkv, G)."""
     if not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (hq,):
         got = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__qualname__
         msg = f"expected s_aux (attention sinks) to be a tensor of shape ({hq},), got {got}"
         raise ValueError(msg)
-    return sinks.reshape(hkv, hq // hkv)
+    grouped: torch.Tensor = group_per_head(sinks, num_kv_heads=hkv, xp=xp)  # (Hkv, G)
+    return grouped
 
 
 def _wants_weights(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
