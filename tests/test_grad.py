@@ -525,3 +525,217 @@ def test_jax_rows_that_see_nothing_get_zero_grads(rng, jnp):
         for g in (dq, dk, dv):
             assert bool(jnp.all(jnp.isfinite(g)))
         assert bool(jnp.all(dq[:, 4] == 0)) and bool(jnp.all(dq[1, 6:] == 0))
+
+
+# --- double backward, torch.func and empty shapes --------------------------------------
+
+ALL_IMPLS = ("auto", *IMPLS)
+
+
+@pytest.mark.parametrize(
+    ("impl", "options"),
+    [
+        pytest.param(impl, options, id=f"{impl}-{name}")
+        for impl in ALL_IMPLS
+        for name, options in (("causal", {"causal": True}), ("softcap", {"softcap": 1.5}))
+        if not (impl == "native" and "softcap" in options)
+    ],
+)
+def test_double_backward_gradgradcheck(rng, impl, options):
+    """Double backward is supported on every impl, blockwise's own backward included.
+
+    With ``create_graph=True`` the first gradient stays in the graph (it was
+    silently detached on the blockwise path), and finite differences of it
+    agree with its second derivative.
+    """
+    q, k, v = _t(rng, 1, 7, 3), _t(rng, 1, 7, 3), _t(rng, 1, 7, 2)
+    bias = _t(rng, 7, 7)
+
+    def f(q, k, v, bias):
+        return pa.attention(q, k, v, bias=bias, **_kw(impl, **options))
+
+    (g,) = torch.autograd.grad(f(q, k, v, bias).sum(), q, create_graph=True)
+    assert g.requires_grad
+    (gg,) = torch.autograd.grad((g * g).sum(), k)
+    assert torch.isfinite(gg).all() and gg.abs().max() > 0
+    assert torch.autograd.gradgradcheck(f, (q, k, v, bias), fast_mode=True)
+
+
+def test_double_backward_where_auto_goes_blockwise(rng):
+    """Past auto's materialising size, with a window, auto goes blockwise: a penalty counts."""
+    q, k, v = _t(rng, 1, 300, 2), _t(rng, 1, 300, 2), _t(rng, 1, 300, 2)
+    assert (
+        _attention._auto(
+            prepare(q, k, v, window=(5, 0), xp=torch), lib="torch", want_lse=False, xp=torch
+        )
+        == "blockwise"
+    )
+    penalties = {}
+    for impl in ("auto", "materialize"):
+        out = pa.attention(q, k, v, window=(5, 0), impl=impl)
+        (g,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+        penalties[impl] = torch.autograd.grad((g * g).sum(), v)[0]
+    torch.testing.assert_close(penalties["auto"], penalties["materialize"], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", ["native", "auto"])
+def test_double_backward_on_torch_kernel_is_torch_s(rng, impl):
+    """On torch's own kernel the second derivative is torch's: right, or refused by torch.
+
+    Its fused CPU kernel has none and torch raises at the second backward;
+    the math kernel (chosen when the mask needs a gradient) has one. Never a
+    silently detached first gradient.
+    """
+    q, k, v = _t(rng, 1, 7, 3), _t(rng, 1, 7, 3), _t(rng, 1, 7, 2)
+    (g,) = torch.autograd.grad(
+        pa.attention(q, k, v, causal=True, impl=impl).sum(), q, create_graph=True
+    )
+    assert g.requires_grad
+    ref = pa.attention(q, k, v, causal=True, impl="materialize")
+    (g_ref,) = torch.autograd.grad(ref.sum(), q, create_graph=True)
+    want = torch.autograd.grad((g_ref * g_ref).sum(), k)[0]
+    refused = None
+    try:
+        got = torch.autograd.grad((g * g).sum(), k)[0]
+    except RuntimeError as exc:
+        refused = str(exc)
+    if refused is None:
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    else:
+        assert "not implemented" in refused
+
+
+def _func_case(rng):
+    q, k, v = (_t(rng, 3, 2, 6, 4, grad=False) for _ in range(3))
+    bias = _t(rng, 6, 6, grad=False)
+    return q, k, v, bias
+
+
+@pytest.mark.parametrize("impl", ALL_IMPLS)
+def test_torch_func_grad_and_vjp_match_autograd(rng, impl):
+    q, k, v, bias = _func_case(rng)
+    kw = _kw(impl, causal=True, bias=bias)
+    d_out = torch.from_numpy(rng.standard_normal((3, 2, 6, 4)))
+
+    def loss(q, k, v):
+        return (pa.attention(q, k, v, **kw) * d_out).sum()
+
+    got = torch.func.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    want = torch.autograd.grad(loss(*leaves), leaves)
+    _, pullback = torch.func.vjp(lambda q, k, v: pa.attention(q, k, v, **kw), q, k, v)
+    for a, b, c in zip(got, pullback(d_out), want, strict=True):
+        torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(b, c, rtol=1e-10, atol=1e-12)
+
+
+# torch's own vmap of its fused kernel falls back to a loop, and says so
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
+@pytest.mark.parametrize("impl", ALL_IMPLS)
+def test_torch_func_vmap_of_grad_matches_a_loop(rng, impl):
+    """vmap over the leading axis, of the forward and of ``torch.func.grad``, equals a loop."""
+    q, k, v, bias = _func_case(rng)
+    kw = _kw(impl, causal=True, bias=bias)
+
+    def f(q, k, v):
+        return pa.attention(q, k, v, **kw)
+
+    out = torch.func.vmap(f)(q, k, v)
+    grads = torch.func.vmap(torch.func.grad(lambda *a: f(*a).sum(), argnums=(0, 1, 2)))(q, k, v)
+    for i in range(q.shape[0]):
+        leaves = [x[i].clone().requires_grad_() for x in (q, k, v)]
+        one = f(*leaves)
+        torch.testing.assert_close(out[i], one.detach(), rtol=1e-12, atol=1e-12)
+        for g, w in zip(grads, torch.autograd.grad(one.sum(), leaves), strict=True):
+            torch.testing.assert_close(g[i], w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", ALL_IMPLS)
+@pytest.mark.parametrize(
+    ("q_shape", "k_shape"),
+    [((2, 5, 4), (2, 0, 4)), ((2, 0, 4), (2, 5, 4)), ((0, 5, 4), (0, 5, 4))],
+    ids=["Lk0", "Lq0", "batch0"],
+)
+def test_empty_shapes_stay_connected_with_zero_grads(rng, impl, q_shape, k_shape):
+    q, k = _t(rng, *q_shape), _t(rng, *k_shape)
+    v = _t(rng, *k_shape[:-1], 3)
+    bias = _t(rng, q_shape[-2], k_shape[-2])
+    out = pa.attention(q, k, v, bias=bias, **_kw(impl))
+    assert out.requires_grad and out.shape == (*q_shape[:-1], 3)
+    (out.sum() + 0.0).backward()
+    for x in (q, k, v, bias):
+        assert x.grad is not None and x.grad.shape == x.shape and (x.grad == 0).all()
+    w = pa.attention_weights(q, k, bias=bias)
+    assert w.requires_grad
+    torch.autograd.grad(w.sum(), (q, k))
+
+
+@pytest.mark.parametrize("impl", ["blockwise", "auto"])
+def test_jax_double_backward_through_blockwise(rng, jnp, impl):
+    """``jax.grad`` of a gradient penalty: the custom_vjp's backward is itself differentiable."""
+    import jax
+
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 6, 3))) for _ in range(3))
+
+    def penalty(impl):
+        def first(k):
+            out = lambda q: pa.attention(q, k, v, causal=True, **_kw(impl)).sum()  # noqa: E731
+            return jax.grad(out)(q)
+
+        return jax.grad(lambda k: (first(k) ** 2).sum())(k)
+
+    got, want = penalty(impl), penalty("materialize")
+    assert float(jnp.abs(want).max()) > 0
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
+
+
+# --- mixed precision: torch.autocast ------------------------------------------------------
+
+AUTOCAST = [
+    pytest.param(impl, amp, options, id=f"{impl}-{str(amp).split('.')[-1]}-{name}")
+    for impl in ALL_IMPLS
+    for amp in (torch.bfloat16, torch.float16)
+    for name, options in (
+        ("causal", {"causal": True}),
+        ("bias_lengths", {"bias": "b", "key_lengths": "kl"}),
+        ("softcap_lse", {"softcap": 2.0, "return_lse": True}),
+    )
+    if impl != "native" or name != "softcap_lse"
+]
+
+
+@pytest.mark.parametrize(("impl", "amp", "options"), AUTOCAST)
+@pytest.mark.parametrize("inputs", ["float32", "autocast"])
+def test_autocast_forward_and_backward(rng, impl, amp, options, inputs):
+    """Under ``torch.autocast`` every impl runs, forward and backward, at half-precision bounds.
+
+    Inputs come as float32 or in autocast's dtype (what an autocast
+    ``Linear`` hands on); the output keeps their dtype. Oracles: the float64
+    formula on the same (rounded) inputs, and float64 autograd for gradients.
+    """
+    dtype = torch.float32 if inputs == "float32" else amp
+    q, k, v = (_t(rng, 2, 9, 8, grad=False).to(dtype).requires_grad_() for _ in range(3))
+    bias = torch.from_numpy(rng.standard_normal((9, 9))).to(dtype)
+    kl = torch.tensor([9, 4])
+    kw = {**options}
+    kw["bias"], kw["key_lengths"] = (bias, kl) if "bias" in options else (None, None)
+    ref_leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    ref_kw = {**kw, "bias": None if kw["bias"] is None else bias.double()}
+    d_out = torch.from_numpy(rng.standard_normal((2, 9, 8)))
+
+    with torch.autocast("cpu", dtype=amp):
+        got = pa.attention(q, k, v, **_kw(impl, **kw))
+    want = pa.attention(*ref_leaves, **_kw("materialize", **ref_kw))
+    got, want = (got, want) if options.get("return_lse") else ((got, None), (want, None))
+    assert got[0].dtype == dtype
+    tol = {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(got[0].double(), want[0].detach(), **tol)
+    loss = (got[0].double() * d_out).sum()
+    ref_loss = (want[0] * d_out).sum()
+    if got[1] is not None:
+        torch.testing.assert_close(got[1].double(), want[1].detach(), **tol)
+        loss, ref_loss = loss + got[1].double().sum(), ref_loss + want[1].sum()
+    grads = torch.autograd.grad(loss, (q, k, v))
+    for g, w, x in zip(grads, torch.autograd.grad(ref_loss, ref_leaves), (q, k, v), strict=True):
+        assert g.dtype == x.dtype
+        torch.testing.assert_close(g.double(), w, rtol=5e-2, atol=5e-2)

@@ -27,12 +27,12 @@ from .._lib._checks import (
     dtype_name,
     has_kind,
 )
+from .._lib._compat import matrix_transpose
 from .._lib._precision import compute_dtype
 from .._lib._typing import Array, Device, DType, Namespace
 from ._masks import Structure, length_mask, normalize_causal, normalize_window
-from ._softmax import no_keys
 
-__all__ = ["Problem", "empty_result", "expand", "prepare"]
+__all__ = ["Problem", "empty_result", "empty_scores", "expand", "prepare"]
 
 
 @dataclass(slots=True)
@@ -104,15 +104,32 @@ class Problem:
 
 
 def empty_result(p: Problem, *, xp: Namespace) -> tuple[Array, Array]:
-    """Nothing to attend to (``Lk == 0``) or nobody asking (``Lq == 0``): zeros, lse ``-inf``."""
-    return no_keys(p.batch, p.lq, p.dv, dtype=p.q.dtype, device=p.device, xp=xp)
+    """Nothing to attend to (``Lk == 0``) or nobody asking (``Lq == 0``, an empty batch).
+
+    The output is zeros and the lse ``-inf``, computed from the inputs
+    rather than created, so that autograd stays connected and every input
+    gets a zero gradient: an empty sum is an exact 0 whatever the arrays hold.
+    """
+    s = empty_scores(p, xp=xp)  # (..., Lq, Lk), no element
+    out = expand(s @ p.v, (*p.batch, p.lq, p.dv), xp=xp)  # zeros: sums over Lk == 0 terms
+    lse = expand(xp.sum(s, axis=-1) - math.inf, (*p.batch, p.lq), xp=xp)
+    return out, lse
+
+
+def empty_scores(p: Problem, *, xp: Namespace) -> Array:
+    """The scores of a problem with no (query, key) pair, connected to ``q``, ``k`` and ``bias``."""
+    return p.scores(p.q, matrix_transpose(p.k, xp=xp), 0, p.lq, 0, p.lk, xp=xp)
 
 
 def expand(x: Array, shape: tuple[int, ...], *, xp: Namespace) -> Array:
-    """Broadcast ``x`` to ``shape`` as a fresh, writable array (no-op when it already fits)."""
+    """Broadcast ``x`` to ``shape`` as a fresh, writable array (no-op when it already fits).
+
+    ``astype(copy=True)`` is differentiable on every torch version; whether
+    ``asarray(copy=True)`` keeps a tensor's graph changed in torch 2.13.
+    """
     if tuple(x.shape) == shape:
         return x
-    return xp.asarray(xp.broadcast_to(x, shape), copy=True)
+    return xp.astype(xp.broadcast_to(x, shape), x.dtype, copy=True)
 
 
 def _tile(x: Array, q0: int, q1: int, k0: int, k1: int) -> Array:

@@ -40,11 +40,11 @@ def blockwise_attention(
         # refuses a tensor given twice to Function.apply, so the repeat goes
         # in as a view (its gradient flows back to the same tensor).
         arrays: list[Array | None] = []
-        for x in (p.q, p.k, p.v, p.bias):
+        for x in (p.q, p.k, p.v, p.bias, p.mask, p.key_lengths, p.query_lengths):
             if x is not None and any(x is y for y in arrays):
                 x = x.view_as(x)
             arrays.append(x)
-        out, lse = _torch_function().apply(p, block_size, xp, *arrays)
+        out, lse = _torch_function().apply(_frame(p), block_size, xp, *arrays)
         return out, lse
     if lib == "jax":
         return _jax_blockwise(p, block_size=block_size, xp=xp)
@@ -52,8 +52,15 @@ def blockwise_attention(
 
 
 def _frame(p: Problem) -> Problem:
-    """``p`` without the differentiable arrays, to keep beside what the library saves."""
-    return dataclasses.replace(p, q=None, k=None, v=None, bias=None)
+    """``p`` without its arrays: they go to the library's autodiff as inputs.
+
+    Masks and lengths too, although they get no gradient: a function that
+    closed over them would see them unwrapped under ``torch.func.vmap`` or a
+    JAX trace.
+    """
+    return dataclasses.replace(
+        p, q=None, k=None, v=None, bias=None, mask=None, key_lengths=None, query_lengths=None
+    )
 
 
 # --- torch -----------------------------------------------------------------
@@ -88,7 +95,7 @@ def _jax_blockwise(
     """One ``jax.custom_vjp`` per call, closing over nothing but static options."""
     import jax
 
-    frame = dataclasses.replace(_frame(p), mask=None, key_lengths=None, query_lengths=None)
+    frame = _frame(p)
 
     def rebuild(args: tuple[Array, ...]) -> Problem:
         q, k, v, bias, mask, key_lengths, query_lengths = args

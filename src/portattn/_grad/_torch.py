@@ -2,64 +2,86 @@
 
 Imported only for torch tensors (torch is optional). Defined at module level
 so that torch.compile traces ``apply`` without meeting a class statement.
+
+It has the ``setup_context`` form, which ``torch.func`` transforms require
+(``grad``, ``vjp``, ``vmap``), and ``generate_vmap_rule``: the forward and
+the backward are array API code without host reads under a transform
+(:func:`~portattn._lib._compat.is_concrete`), so vmap can batch them as
+they are. For the same reason every array of the problem is an input, masks
+and lengths included: a ``Function`` must not close over tensors that a
+transform may have wrapped.
+
+The backward is itself differentiable: under ``create_graph=True`` the
+recomputation it does is recorded like any other torch code, so double
+backward (gradient penalties, Hessian-vector products) works. Only the first
+backward keeps O(Lq + Lk) memory; the graph of the second holds its tiles.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .._core._problem import Problem
+from .._lib._precision import torch_autocast_off
 from .._lib._typing import Array, Namespace
 from .._paths._blockwise import blockwise_attention as _plain_blockwise
 from ._backward import blockwise_backward
 
 __all__ = ["BlockwiseAttention"]
 
+_BIAS = 6  # the bias's position among forward's inputs (after p, block_size, xp, q, k, v)
 
-def _frame(p: Problem) -> Problem:
-    """``p`` without the differentiable arrays, to keep beside what the library saves."""
-    return dataclasses.replace(p, q=None, k=None, v=None, bias=None)
+
+def _rebuild(p: Problem, arrays: tuple[Array | None, ...]) -> Problem:
+    q, k, v, bias, mask, key_lengths, query_lengths = arrays
+    return dataclasses.replace(
+        p,
+        q=q,
+        k=k,
+        v=v,
+        bias=bias,
+        mask=mask,
+        key_lengths=key_lengths,
+        query_lengths=query_lengths,
+    )
 
 
 class BlockwiseAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any,
-        p: Problem,
-        block_size: tuple[int, int] | None,
-        xp: Namespace,
-        q: Array,
-        k: Array,
-        v: Array,
-        bias: Array | None,
-    ) -> tuple[Array, Array]:
-        full = dataclasses.replace(p, q=q, k=k, v=v, bias=bias)
-        out, lse = _plain_blockwise(full, block_size=block_size, xp=xp)
-        ctx.save_for_backward(q, k, v, bias, out, lse)
-        ctx.frame = _frame(p)
-        ctx.block_size = block_size
-        ctx.xp = xp
-        return out, lse
+    generate_vmap_rule = True
 
     @staticmethod
-    @once_differentiable
+    def forward(
+        p: Problem, block_size: tuple[int, int] | None, xp: Namespace, *arrays: Array | None
+    ) -> tuple[Array, Array]:
+        return _plain_blockwise(_rebuild(p, arrays), block_size=block_size, xp=xp)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Array, Array]) -> None:
+        p, block_size, xp, *arrays = inputs
+        ctx.save_for_backward(*arrays, *output)
+        ctx.frame = p
+        ctx.block_size = block_size
+        ctx.xp = xp
+
+    @staticmethod
     def backward(ctx: Any, d_out: Array | None, d_lse: Array | None) -> tuple[Any, ...]:
-        q, k, v, bias, out, lse = ctx.saved_tensors
-        full = dataclasses.replace(ctx.frame, q=q, k=k, v=v, bias=bias)
+        *arrays, out, lse = ctx.saved_tensors
         if d_out is None:
             d_out = torch.zeros_like(out)
-        g = blockwise_backward(
-            full,
-            out,
-            lse,
-            d_out,
-            d_lse,
-            block_size=ctx.block_size,
-            want_bias=bool(ctx.needs_input_grad[6]),
-            xp=ctx.xp,
-        )
-        return None, None, None, g.q, g.k, g.v, g.bias
+        # A backward run inside torch.autocast computes as the forward did.
+        with torch_autocast_off(out.device) or contextlib.nullcontext():
+            g = blockwise_backward(
+                _rebuild(ctx.frame, tuple(arrays)),
+                out,
+                lse,
+                d_out,
+                d_lse,
+                block_size=ctx.block_size,
+                want_bias=bool(ctx.needs_input_grad[_BIAS]),
+                xp=ctx.xp,
+            )
+        return None, None, None, g.q, g.k, g.v, g.bias, None, None, None

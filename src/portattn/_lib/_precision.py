@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from ._compat import is_jax_namespace, is_torch_namespace
-from ._typing import Array, DType, Namespace
+from contextlib import AbstractContextManager
+from typing import Any
 
-__all__ = ["compute_dtype", "narrow"]
+from ._compat import is_jax_namespace, is_torch_namespace
+from ._typing import Array, Device, DType, Namespace
+
+__all__ = ["compute_dtype", "narrow", "torch_autocast_off"]
 
 
 def compute_dtype(dtype: DType, *, xp: Namespace) -> DType:
@@ -33,3 +36,20 @@ def narrow(x: Array, dtype: DType, *, xp: Namespace) -> Array:
         tiny = float(xp.finfo(dtype).smallest_normal)
         x = xp.where(xp.abs(x) < tiny, xp.zeros_like(x), x)
     return xp.astype(x, dtype)
+
+
+def torch_autocast_off(device: Device) -> AbstractContextManager[Any] | None:
+    """A context that turns ``torch.autocast`` off on ``device``; ``None`` where it is off.
+
+    portattn chooses its own compute precision (:func:`compute_dtype`) and
+    returns the inputs' dtype. Under autocast torch would instead run its
+    matmuls in float16/bfloat16 and hand float32 code half-precision scores:
+    each path would round differently, and ``where``/``concat`` meet mixed
+    dtypes. Call for torch tensors only.
+    """
+    import torch
+
+    kind = device.type
+    if not torch.amp.is_autocast_available(kind) or not torch.is_autocast_enabled(kind):
+        return None  # meta tensors: no autocast at all
+    return torch.autocast(kind, enabled=False)

@@ -28,6 +28,7 @@ from .._core._softmax import exp_floor, lse_from, no_keys, nonzero, row_shift, s
 from .._lib._checks import check_int_pair
 from .._lib._compat import (
     device_of,
+    host_float,
     is_concrete,
     is_dask_namespace,
     is_numpy_namespace,
@@ -182,11 +183,11 @@ def _score_spread(p: Problem, *, xp: Namespace) -> float:
     # either way the bound just fails and the clamp runs.
     try:
         with np.errstate(all="ignore"):
-            q_sq = float(xp.max(xp.sum(p.q * p.q, axis=-1)))
-            k_sq = float(xp.max(xp.sum(p.k * p.k, axis=-1)))
+            q_sq = host_float(xp.max(xp.sum(p.q * p.q, axis=-1)))
+            k_sq = host_float(xp.max(xp.sum(p.k * p.k, axis=-1)))
             bias_spread = 0.0
             if p.bias is not None and math.prod(p.bias.shape) > 0:
-                bias_spread = float(xp.max(p.bias)) - float(xp.min(p.bias))
+                bias_spread = host_float(xp.max(p.bias)) - host_float(xp.min(p.bias))
     except (RuntimeError, NotImplementedError):  # no values to read (torch "meta" tensors)
         return math.inf  # no bound: the clamp runs
     spread = 2.0 * math.sqrt(q_sq) * math.sqrt(k_sq)

@@ -6,7 +6,7 @@ sequences, where blocking machinery costs more than the memory it saves.
 
 from __future__ import annotations
 
-from .._core._problem import Problem, empty_result, expand
+from .._core._problem import Problem, empty_result, empty_scores, expand
 from .._core._softmax import lse_from, masked_exp, masked_softmax, nonzero
 from .._lib._compat import matrix_transpose
 from .._lib._typing import Array, Namespace
@@ -56,7 +56,7 @@ def materialize_attention(
 def materialize_weights(p: Problem, *, xp: Namespace) -> Array:
     """The weights (..., Lq, Lk) in the compute dtype."""
     if p.lk == 0:
-        return xp.zeros((*p.batch, p.lq, 0), dtype=p.q.dtype, device=p.device)
+        return expand(empty_scores(p, xp=xp), (*p.batch, p.lq, 0), xp=xp)  # connected to autograd
     scores, allowed, may_hide = _scores(p, xp=xp)
     w, _, _ = masked_softmax(scores, allowed, xp=xp, may_hide=may_hide)
     return expand(w, (*p.batch, p.lq, p.lk), xp=xp)
