@@ -434,3 +434,51 @@ def test_masked_arrays_are_refused(rng):
         pa.attention(np.ma.masked_array(q, mask=q > 0), q, q)
     with pytest.raises(TypeError, match=r"expected value to be a plain array"):
         pa.attention(q, q, np.ma.masked_array(q))
+
+
+# --- every argument is named, every entry refuses masked arrays ----------------------
+
+ARRAY_ARGS = ("query", "key", "value", "mask", "bias", "key_lengths", "query_lengths")
+
+
+@pytest.mark.parametrize("name", ARRAY_ARGS)
+@pytest.mark.parametrize("bad", [[[1.0, 0.0, 0.0]], 3.0], ids=["list", "number"])
+def test_a_non_array_is_named(backend: Backend, qkv, name, bad):
+    q, k, v = qkv
+    arrays = {"query": q, "key": k, "value": v}
+    options = {}
+    if name in arrays:
+        arrays[name] = bad
+    else:
+        options[name] = bad
+    want = rf"expected {name} to be an array, got {re.escape(repr(bad))}; .*array API library"
+    with pytest.raises(TypeError, match=want):
+        pa.attention(*arrays.values(), **options)
+    if name != "value":
+        del arrays["value"]
+        with pytest.raises(TypeError, match=want):
+            pa.attention_weights(*arrays.values(), **options)
+
+
+def _masked_calls():
+    x = np.ones((4, 3))
+    m = np.ma.masked_array(x, mask=x > 0)
+    lse = np.zeros(4)
+    return {
+        "attention mask": lambda: pa.attention(x, x, x, mask=np.ma.masked_array(x[:, :1] > 0)),
+        "attention_weights": lambda: pa.attention_weights(x, m),
+        "softmax": lambda: pa.softmax(m),
+        "linear_attention": lambda: pa.linear_attention(x, x, m),
+        "linear_attention_step": lambda: pa.linear_attention_step(x[0], x[0], m[0]),
+        "elu_feature_map": lambda: pa.elu_feature_map(m),
+        "apply_rope": lambda: pa.apply_rope(np.ones((4, 2)), np.ma.masked_array(np.arange(4))),
+        "merge_attention": lambda: pa.merge_attention([m], [lse]),
+        "merge_attention stacked": lambda: pa.merge_attention(m[None], lse[None]),
+    }
+
+
+@pytest.mark.parametrize("entry", list(_masked_calls()))
+def test_masked_arrays_are_refused_wherever_arrays_enter(entry):
+    """Every array operation would ignore the mask: each entry refuses it, naming the argument."""
+    with pytest.raises(TypeError, match=r"expected \w.* to be a plain array, got a numpy\.ma"):
+        _masked_calls()[entry]()

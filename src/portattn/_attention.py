@@ -16,7 +16,7 @@ from ._core._problem import Problem, prepare
 from ._grad._autodiff import blockwise_attention
 from ._lib._checks import check_array, check_flag, check_int_pair
 from ._lib._compat import array_namespace, namespace_library
-from ._lib._precision import narrow
+from ._lib._precision import narrow, torch_autocast_off
 from ._lib._typing import Array, Namespace
 from ._paths._auto import auto_impl
 from ._paths._materialize import materialize_attention, materialize_weights
@@ -27,6 +27,8 @@ __all__ = ["IMPLS", "Impl", "attention", "attention_weights", "solve", "solve_we
 Impl = Literal["auto", "materialize", "blockwise", "native"]
 #: The values ``impl=`` takes, in the order errors list them.
 IMPLS: tuple[str, ...] = get_args(Impl)
+_ARRAY_NAMES = ("query", "key", "value", "mask", "bias", "key_lengths", "query_lengths")
+_WEIGHTS_NAMES = ("query", "key", "mask", "bias", "key_lengths", "query_lengths")
 
 
 def attention(
@@ -63,7 +65,11 @@ def attention(
         Values, mixed by the weights. All three are real floating arrays
         from one library, on one device. Leading batch dimensions
         broadcast. float16 and bfloat16 are computed in float32 and cast
-        back; float64 stays float64.
+        back; float64 stays float64. Under ``torch.autocast`` the same
+        holds: portattn turns autocast off for its own arithmetic, so
+        every ``impl`` computes in that precision, and the output has the
+        inputs' dtype (float32 inputs give float32, bfloat16 inputs from
+        an autocast layer give bfloat16); gradients follow the same rule.
     mask : bool array, optional
         Broadcastable to (..., Lq, Lk). True where a query may attend.
     bias : real floating array, optional
@@ -162,8 +168,14 @@ def attention(
     log-sum-exp, hidden tiles skipped), so training keeps O(Lq + Lk) extra
     memory; it is registered as a ``torch.autograd.Function`` and a
     ``jax.custom_vjp``. ``bias`` and the ``return_lse`` output have
-    gradients; masks and lengths have none. Double backward through the
-    blockwise path is refused.
+    gradients; masks and lengths have none. Double backward (gradient
+    penalties, Hessian-vector products, ``create_graph=True``) and the
+    ``torch.func`` transforms (``grad``, ``vjp``, ``vmap``) work through
+    every path, the blockwise backward included (its own backward is
+    recorded like any other code, so the second one keeps the tiles). On
+    ``impl="native"`` (and ``"auto"`` where it takes it) the second
+    derivative is the kernel's: torch's fused CPU kernel has none, and torch
+    raises at the second backward.
 
     On dask arrays the result is a lazy dask array chunked like ``query``:
     one task per (query chunk, key chunk) pair that positions leave visible,
@@ -182,7 +194,9 @@ def attention(
     (3, 2)
     """
     check_array("value", value)  # prepare() reads value=None as a weights-only call
-    xp = array_namespace(query, key, value, mask, bias, key_lengths, query_lengths)
+    xp = array_namespace(
+        query, key, value, mask, bias, key_lengths, query_lengths, names=_ARRAY_NAMES
+    )
     p = prepare(
         query,
         key,
@@ -219,8 +233,26 @@ def solve(
         raise ValueError(msg)
     sizes = None if block_size is None else check_int_pair("block_size", block_size, minimum=1)
     want_lse = check_flag("return_lse", return_lse)
-    lse: Array | None
     lib = namespace_library(xp)
+    if lib == "torch":
+        off = torch_autocast_off(p.device)
+        if off is not None:
+            with off:
+                return _solve(p, impl, sizes, want_lse, lib=lib, xp=xp)
+    return _solve(p, impl, sizes, want_lse, lib=lib, xp=xp)
+
+
+def _solve(
+    p: Problem,
+    impl: str,
+    sizes: tuple[int, int] | None,
+    want_lse: bool,
+    *,
+    lib: str,
+    xp: Namespace,
+) -> Array | tuple[Array, Array]:
+    """:func:`solve` once its options are checked (and torch's autocast is off)."""
+    lse: Array | None
     if impl == "auto" and lib != "dask":
         impl = auto_impl(p, lib=lib, want_lse=want_lse, xp=xp)
     if lib == "dask":
@@ -286,7 +318,7 @@ def attention_weights(
            [0.5       , 0.5       , 0.        ],
            [0.33333334, 0.33333334, 0.33333334]], dtype=float32)
     """
-    xp = array_namespace(query, key, mask, bias, key_lengths, query_lengths)
+    xp = array_namespace(query, key, mask, bias, key_lengths, query_lengths, names=_WEIGHTS_NAMES)
     p = prepare(
         query,
         key,
@@ -306,4 +338,8 @@ def attention_weights(
 
 def solve_weights(p: Problem, *, xp: Namespace) -> Array:
     """The weights of a prepared problem, cast back: the second half of ``attention_weights``."""
+    off = torch_autocast_off(p.device) if namespace_library(xp) == "torch" else None
+    if off is not None:
+        with off:
+            return narrow(materialize_weights(p, xp=xp), p.out_dtype, xp=xp)
     return narrow(materialize_weights(p, xp=xp), p.out_dtype, xp=xp)

@@ -55,6 +55,10 @@ CASES: tuple[Case, ...] = (
     Case("attention", "pa.attention(q, k, v, bias=np.ones((4, 5), dtype=bool))"),
     Case("attention", "pa.attention(q, k, v, key_lengths=np.array([3.0, 4.0]))"),
     Case("attention", "pa.attention(np.ma.masked_array(q), k, v)"),
+    Case("attention", "pa.attention([[1.0, 0.0, 0.0]], k, v)"),
+    Case("attention", "pa.attention(q, k, v, bias=0.5)"),
+    Case("attention", "pa.attention(q, k, v, key_lengths=[5, 3])"),
+    Case("attention", "pa.attention_weights(q, k, mask=[[True]])"),
     # attention: the options
     Case("attention options", "pa.attention(q, k, v, causal=True)"),
     Case("attention options", "pa.attention(q, q, q, causal=1)"),
@@ -78,10 +82,12 @@ CASES: tuple[Case, ...] = (
     Case("softmax", "pa.softmax(np.arange(3))"),
     Case("softmax", "pa.softmax(x, axis=2)"),
     Case("softmax", "pa.softmax(x, axis=1.0)"),
+    Case("softmax", "pa.softmax(np.ma.masked_array(x, mask=x > 0))"),
     # linear attention
     Case("linear attention", "pa.linear_attention(x, x, x, causal=1)"),
     Case("linear attention", "pa.linear_attention(x, x, x, chunk_size=0)"),
     Case("linear attention", "pa.linear_attention(x, x, x, eps=-1)"),
+    Case("linear attention", "pa.linear_attention(x, x, np.ma.masked_array(x))"),
     Case("linear attention", "pa.linear_attention_step(x[0], x[0], x[0], (1, 2))"),
     Case(
         "linear attention",
@@ -90,6 +96,7 @@ CASES: tuple[Case, ...] = (
     ),
     # merging
     Case("merge_attention", "pa.merge_attention(3, [np.zeros(4)])"),
+    Case("merge_attention", "pa.merge_attention([np.ma.zeros((4, 2))], [np.zeros(4)])"),
     Case("merge_attention", "pa.merge_attention([np.zeros((4, 2))], [np.zeros(4)] * 2)"),
     Case("merge_attention", "pa.merge_attention([np.zeros((4, 2))], [np.zeros(3)])"),
     # the KV cache

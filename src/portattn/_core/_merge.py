@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .._lib._checks import check_floating, shown
-from .._lib._compat import array_namespace, device_of, is_array_api_obj
+from .._lib._compat import array_namespace, device_of, is_array_api_obj, refuse_non_array
 from .._lib._precision import compute_dtype, narrow
 from .._lib._typing import Array
 from ._softmax import exp_floor, nonzero, row_shift, safe_exp
@@ -16,6 +16,7 @@ __all__ = ["merge_attention"]
 def _parts(name: str, parts: object) -> list[Array]:
     """A list of per-chunk arrays from a sequence, any iterable, or one stacked array."""
     if is_array_api_obj(parts):
+        refuse_non_array(name, parts)  # a masked array's mask would be ignored
         stacked: Array = parts
         if stacked.ndim < 1:
             msg = f"expected {name} stacked along a leading chunk axis, got a 0-d array"
@@ -29,9 +30,7 @@ def _parts(name: str, parts: object) -> list[Array]:
         raise TypeError(msg)
     out = list(parts)
     for i, x in enumerate(out):
-        if not is_array_api_obj(x):
-            msg = f"expected {name}[{i}] to be an array, got {shown(x)}"
-            raise TypeError(msg)
+        refuse_non_array(f"{name}[{i}]", x)
     return out
 
 

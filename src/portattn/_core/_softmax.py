@@ -171,7 +171,7 @@ def softmax(x: Array, /, *, axis: int = -1) -> Array:
     Array([[0.5, 0.5],
            [0. , 0. ]], dtype=array_api_strict.float64)
     """
-    xp = array_namespace(x)
+    xp = array_namespace(x, names=("x",))
     check_floating("x", x, xp=xp)
     if (
         not isinstance(axis, numbers.Integral)

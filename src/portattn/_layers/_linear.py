@@ -68,7 +68,7 @@ def elu_feature_map(x: Array, /) -> Array:
     >>> pa.elu_feature_map(xp.asarray([-1.0, 0.0, 2.0]))
     Array([0.36787944, 1.        , 3.        ], dtype=array_api_strict.float64)
     """
-    xp = array_namespace(x)
+    xp = array_namespace(x, names=("x",))
     check_floating("x", x, xp=xp)
     work = compute_dtype(x.dtype, xp=xp)
     return narrow(_phi(xp.astype(x, work), xp=xp), x.dtype, xp=xp)
@@ -160,7 +160,7 @@ def linear_attention(
            [0.5],
            [1. ]], dtype=array_api_strict.float64)
     """
-    xp = array_namespace(query, key, value)
+    xp = array_namespace(query, key, value, names=("query", "key", "value"))
     _validate(query, key, value, xp=xp)
     is_causal, e, chunk = _check_options(causal=causal, eps=eps, chunk_size=chunk_size)
     lq, lk = int(query.shape[-2]), int(key.shape[-2])
@@ -257,7 +257,7 @@ def linear_attention_step(
     >>> out  # running mean of the values
     Array([3.], dtype=array_api_strict.float64)
     """
-    xp = array_namespace(query, key, value)
+    xp = array_namespace(query, key, value, names=("query", "key", "value"))
     for name, a in (("query", query), ("key", key), ("value", value)):
         check_floating(name, a, xp=xp)
         if a.ndim < 1:

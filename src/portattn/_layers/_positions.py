@@ -143,7 +143,7 @@ def sinusoidal_encoding(
         if isinstance(positions, (numbers.Number, str)) or positions is None:
             msg = f"expected positions to be an int length or an array, got {shown(positions)}"
             raise TypeError(msg)
-        ns = array_namespace(positions)
+        ns = array_namespace(positions, names=("positions",))
         _check_positions(positions, xp=ns)
         target = ns.float32 if dtype is None else check_dtype("dtype", dtype, xp=ns)
         pos = positions
@@ -225,7 +225,7 @@ def apply_rope(
     >>> r[1, ...]  # position 1 rotates the pair (1, 0) by 1 radian: (cos 1, sin 1)
     Array([0.54030231, 0.84147098], dtype=array_api_strict.float64)
     """
-    xp = array_namespace(x, positions)
+    xp = array_namespace(x, positions, names=("x", "positions"))
     return rope_impl(x, positions, layout=layout, base=base, xp=xp)
 
 

@@ -8,7 +8,8 @@ import operator
 import warnings
 from collections.abc import Sequence
 
-from ._compat import device_of, is_array_api_obj
+from ._compat import device_of, refuse_non_array
+from ._shown import shown
 from ._typing import Array, Device, DType, Namespace
 
 __all__ = [
@@ -113,16 +114,10 @@ def check_array(name: str, x: object) -> None:
     """
     if _ARRAY_TYPES.get(type(x)):
         return
-    if x is None or not is_array_api_obj(x):
-        msg = f"expected {name} to be an array, got {shown(x)}"
+    if x is None:
+        msg = f"expected {name} to be an array, got None"
         raise TypeError(msg)
-    if type(x).__name__ == "MaskedArray" and type(x).__module__.startswith("numpy"):
-        msg = (
-            f"expected {name} to be a plain array, got a numpy.ma.MaskedArray: its mask would "
-            "be ignored; pass its data (x.data or x.filled(0)) and express the mask with mask= "
-            "or key_lengths="
-        )
-        raise TypeError(msg)
+    refuse_non_array(name, x)
     _ARRAY_TYPES[type(x)] = True
 
 
@@ -248,16 +243,6 @@ def broadcast_shapes(named: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[int,
 # True == 1 would otherwise slip through as a size. A wrong option raises
 # ValueError naming the option, what was expected and what was received,
 # whatever its type, as portattn's options always have.
-
-
-def shown(value: object) -> str:
-    """How a received value appears in a message: its repr (shortened), typed when ambiguous."""
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    if isinstance(value, (bool, int, float, str, tuple, list)) or value is None:
-        return text
-    return f"{type(value).__name__} {text}"
 
 
 def _int_phrase(minimum: int | None) -> str:

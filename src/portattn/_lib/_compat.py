@@ -27,11 +27,14 @@ from array_api_compat import (
     to_device,
 )
 
+from ._shown import shown
+
 __all__ = [
     "array_namespace",
     "at_least",
     "device",
     "device_of",
+    "host_float",
     "is_array_api_obj",
     "is_array_api_strict_namespace",
     "is_concrete",
@@ -46,6 +49,7 @@ __all__ = [
     "matrix_transpose",
     "max_last",
     "namespace_library",
+    "refuse_non_array",
     "resolve_namespace",
     "sum_last",
     "to_device",
@@ -55,30 +59,29 @@ __all__ = [
 _NAMESPACE_BY_TYPES: dict[tuple[type, ...], ModuleType] = {}
 
 
-def array_namespace(*arrays: Any) -> ModuleType:
+def array_namespace(*arrays: Any, names: tuple[str, ...] = ()) -> ModuleType:
     """Return the array API namespace shared by ``arrays`` (``None`` entries ignored).
 
     The answer depends only on the arrays' types, so it is cached by the
     tuple of types (as einops does): a repeat call costs one dict lookup.
+    ``names`` are the arguments' names, in order, for the error messages.
 
     Raises
     ------
     TypeError
         If the arrays come from different libraries (both are named), or an
-        argument is not an array at all.
+        argument is not an array at all, or is a ``numpy.ma.MaskedArray``
+        (its mask would be ignored).
     """
     key = tuple(map(type, arrays))  # NoneType marks an absent argument
     cached = _NAMESPACE_BY_TYPES.get(key)
     if cached is not None:
         return cached
-    present = [a for a in arrays if a is not None]
-    for a in present:
-        if not is_array_api_obj(a):
-            msg = (
-                "expected arrays from an array API library (numpy, torch, cupy, "
-                f"array_api_strict, ...), got {type(a).__module__}.{type(a).__qualname__}"
-            )
-            raise TypeError(msg)
+    present = []
+    for i, a in enumerate(arrays):
+        if a is not None:
+            refuse_non_array(names[i] if i < len(names) else "an argument", a)
+            present.append(a)
     try:
         xp = array_api_compat.array_namespace(*present)
     except TypeError:
@@ -90,6 +93,27 @@ def array_namespace(*arrays: Any) -> ModuleType:
         raise TypeError(msg) from None
     _NAMESPACE_BY_TYPES[key] = xp
     return xp
+
+
+def refuse_non_array(name: str, x: Any) -> None:
+    """TypeError naming ``name`` unless ``x`` is an array portattn reads as it is.
+
+    A ``numpy.ma.MaskedArray`` is an array to every check, but every array
+    operation would silently ignore its mask: refused wherever arrays enter.
+    """
+    if not is_array_api_obj(x):
+        msg = (
+            f"expected {name} to be an array, got {shown(x)}; portattn reads arrays of an "
+            "array API library (numpy, torch, cupy, jax, array_api_strict, ...)"
+        )
+        raise TypeError(msg)
+    if isinstance(x, _np.ma.MaskedArray):
+        msg = (
+            f"expected {name} to be a plain array, got a numpy.ma.MaskedArray: its mask would "
+            "be ignored; pass its data (x.data or x.filled(...)) and express the mask "
+            "with mask= or key_lengths= where the function has them"
+        )
+        raise TypeError(msg)
 
 
 def device_of(x: Any) -> Any:
@@ -126,6 +150,18 @@ def is_concrete(x: Any) -> bool:
     if jax is not None and isinstance(x, jax.Array):
         return not isinstance(x, jax.core.Tracer)
     return not is_lazy_array(x)
+
+
+def host_float(x: Any) -> float:
+    """The value of a concrete 0-d array as a Python float, read outside any autograd graph.
+
+    A torch tensor that requires grad is detached first: the read is a bound
+    or a size, never part of the maths (torch warns on ``float()`` of it).
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        x = x.detach()
+    return float(x)
 
 
 def namespace_library(xp: ModuleType) -> str:
