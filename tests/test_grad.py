@@ -565,7 +565,7 @@ def test_double_backward_where_auto_goes_blockwise(rng):
     """Past auto's materialising size, with a window, auto goes blockwise: a penalty counts."""
     q, k, v = _t(rng, 1, 300, 2), _t(rng, 1, 300, 2), _t(rng, 1, 300, 2)
     assert (
-        _attention._auto(
+        _attention.auto_impl(
             prepare(q, k, v, window=(5, 0), xp=torch), lib="torch", want_lse=False, xp=torch
         )
         == "blockwise"
