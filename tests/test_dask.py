@@ -16,6 +16,7 @@ from dask.callbacks import Callback
 
 import portattn as pa
 from portattn._paths._dask import FAN_IN_CONFIG, _merge, _pair
+from portattn.testing import dask_schedule
 
 from conftest import make_qkv
 from reference import allowed_pairs, attention_ref
@@ -37,9 +38,9 @@ def tasks(x: Any, fn: Any) -> list[tuple[Any, ...]]:
     return [t for t in dict(x.__dask_graph__()).values() if isinstance(t, tuple) and t[0] is fn]
 
 
-def grid(x: Any) -> set[tuple[int, int]]:
+def grid(x: Any) -> frozenset[tuple[int, int]]:
     """(query chunk, key chunk) of every pair task, read from the graph."""
-    return {t[5].index for t in tasks(x, _pair)}
+    return dask_schedule(x).pairs
 
 
 def compute(*xs: Any) -> Any:

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 import portattn as pa
-from portattn._paths._dask import _pair
+from portattn.testing import dask_schedule
 
 pytestmark = pytest.mark.cluster
 
@@ -66,9 +66,8 @@ def client() -> Iterator[Any]:
     assert not left, f"left running after the cluster closed: {[p.cmdline() for p in left]}"
 
 
-def _pair_grid(x: Any) -> set[tuple[int, int]]:
-    graph = dict(x.__dask_graph__())
-    return {t[5].index for t in graph.values() if isinstance(t, tuple) and t and t[0] is _pair}
+def _pair_grid(x: Any) -> frozenset[tuple[int, int]]:
+    return dask_schedule(x).pairs
 
 
 def _peak_worker_memory(client: Any) -> int:
