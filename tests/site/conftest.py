@@ -33,9 +33,12 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOTS = ROOT / "screenshots"
 
-# The tests compare the pages with what docs/_gen/sitegen computes.
-if str(ROOT / "docs" / "_gen") not in sys.path:
-    sys.path.insert(0, str(ROOT / "docs" / "_gen"))
+# The tests compare the pages with what docs/_gen/sitegen computes, and share
+# the browser helpers of browsing.py (this folder is not a package: its name
+# would shadow the standard library's site module).
+for _path in (ROOT / "docs" / "_gen", Path(__file__).resolve().parent):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 
 @functools.cache
@@ -75,6 +78,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "page_path" in metafunc.fixturenames:
         pages = site_pages(built_site())
         metafunc.parametrize("page_path", pages, ids=[p.strip("/") or "home" for p in pages])
+    if "english_path" in metafunc.fixturenames:
+        pages = [p for p in site_pages(built_site()) if not p.startswith("ja/")]
+        metafunc.parametrize("english_path", pages, ids=[p.strip("/") or "home" for p in pages])
 
 
 @pytest.fixture(scope="session")
