@@ -11,6 +11,7 @@ blockwise call uses several query and key blocks, so its loop really loops.
 
 from __future__ import annotations
 
+import json
 import time
 import warnings
 from collections.abc import Callable
@@ -22,11 +23,14 @@ import numpy as np
 
 import portattn as pa
 
+from .diskcache import cache_dir, code_key, write_atomic
+
 __all__ = ["CAPABILITIES", "IMPLS", "Cell", "capability_markdown", "run_table"]
 
 IMPLS = ("materialize", "blockwise", "native", "auto")
 SHAPE = (2, 2, 8, 4)  # (batch, heads, L, d)
 BLOCK = 4  # two query blocks and two key blocks at L=8
+LIBRARIES = ("torch", "jax", "jaxlib", "dask", "ndonnx", "onnxruntime", "numpy")
 
 
 @dataclass(frozen=True)
@@ -244,9 +248,10 @@ def _first_clause(text: str) -> str:
     return line.split(";")[0][:90]
 
 
-@cache
-def run_table() -> tuple[tuple[tuple[str, tuple[Cell, ...]], ...], float]:
-    """Every cell, and the seconds the whole table took."""
+Table = tuple[tuple[tuple[str, tuple[Cell, ...]], ...], float]
+
+
+def _compute() -> Table:
     import jax
 
     jax.config.update("jax_enable_x64", True)  # as portattn's backend list loads it
@@ -255,20 +260,61 @@ def run_table() -> tuple[tuple[tuple[str, tuple[Cell, ...]], ...], float]:
     return rows, time.perf_counter() - t0
 
 
-def capability_markdown() -> str:
+@cache
+def run_table() -> Table:
+    """Every cell, and the seconds the whole table took when it was computed.
+
+    The table costs minutes of CPU under load (torch.compile and XLA compile
+    every cell), and depends only on code: it is kept on disk, keyed by this
+    file, portattn's source and the versions of the libraries it runs.
+    """
+    path = cache_dir("capabilities") / f"{code_key(__file__, libraries=LIBRARIES)}.json"
+    if path.is_file():
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        rows = tuple((n, tuple(Cell(*c) for c in cells)) for n, cells in stored["rows"])
+        return rows, stored["seconds"]
+    rows, seconds = _compute()
+    plain = [[n, [[c.status, c.detail] for c in cells]] for n, cells in rows]
+    write_atomic(path, json.dumps({"rows": plain, "seconds": seconds}).encode())
+    return rows, seconds
+
+
+_WORDS = {
+    "en": {
+        "capability": "capability",
+        "footer": (
+            "{cells} cells, each a causal call on (batch {b}, heads {h}, L {n}, d {d}) with "
+            "`block_size={block}`, computed in {seconds:.0f} s (kept on disk until portattn, "
+            "this table's code or a library's version changes). ✓: ran under the transform "
+            "and agreed with the reference; —: refused by design with `NotImplementedError` "
+            "(the reason is shown); ✗: failed."
+        ),
+    },
+    "ja": {
+        "capability": "機能",
+        "footer": (
+            "セルは {cells} 個。どれも (バッチ {b}, ヘッド {h}, L {n}, d {d}) の因果マスクつきの"
+            "呼び出しで、`block_size={block}`。計算にかかった時間は {seconds:.0f} 秒"
+            "(portattn、この表のコード、ライブラリのバージョンのどれかが変わるまでディスクに"
+            "保存して使い回す)。✓: 変換の下で動き、基準と一致した。—: 設計上"
+            " `NotImplementedError` で断る(理由を示す)。✗: 失敗した。"
+        ),
+    },
+}
+
+
+def capability_markdown(*, lang: str = "en") -> str:
     """The table as Markdown, with the time it took to compute."""
     rows, seconds = run_table()
+    w = _WORDS[lang]
     lines = [
-        "| capability | " + " | ".join(f"`{i}`" for i in IMPLS) + " |",
+        f"| {w['capability']} | " + " | ".join(f"`{i}`" for i in IMPLS) + " |",
         "| --- |" + " --- |" * len(IMPLS),
     ]
     lines += [f"| {name} | " + " | ".join(c.markdown for c in cells) + " |" for name, cells in rows]
     b, h, n, d = SHAPE
-    lines += [
-        "",
-        f"{len(rows) * len(IMPLS)} cells, each a causal call on (batch {b}, heads {h}, "
-        f"L {n}, d {d}) with `block_size={BLOCK}`, computed in {seconds:.0f} s while this "
-        "page was built. ✓: ran under the transform and agreed with the reference; "
-        "—: refused by design with `NotImplementedError` (the reason is shown); ✗: failed.",
-    ]
+    footer = w["footer"].format(
+        cells=len(rows) * len(IMPLS), b=b, h=h, n=n, d=d, block=BLOCK, seconds=seconds
+    )
+    lines += ["", footer]
     return "\n".join(lines)
