@@ -150,9 +150,32 @@ EPS = {
 }
 
 
-def agreement_markdown() -> str:
+_WORDS = {
+    "en": {
+        "head": "| backend | dtype | {checks} | worst, in eps |",
+        "absent": "**not present**",
+        "fails": "**fails**",
+        "failures": "Failures on this table, with the first line of each error:",
+        "none": "No backend was measured.",
+        "worst": "The worst entry on the table is {r:.2g} epsilons of its dtype "
+        "({name} on {device}, `{dt}`, {check}).",
+    },
+    "ja": {
+        "head": "| バックエンド | dtype | {checks} | 最悪値(eps 単位) |",
+        "absent": "**存在しない**",
+        "fails": "**失敗**",
+        "failures": "この表での失敗と、それぞれのエラーの1行目:",
+        "none": "測ったバックエンドがない。",
+        "worst": "表の中で最悪の値は、その dtype のイプシロンの {r:.2g} 倍だった"
+        "({name}、{device}、`{dt}`、{check})。",
+    },
+}
+
+
+def agreement_markdown(*, lang: str = "en") -> str:
     """The agreement table: maximum relative error against float64 per backend and dtype."""
-    head = "| backend | dtype | " + " | ".join(c for c, _ in CHECKS) + " | worst, in eps |"
+    words = _WORDS[lang]
+    head = words["head"].format(checks=" | ".join(c for c, _ in CHECKS))
     lines = [head, "|---|---|" + "---:|" * (len(CHECKS) + 1)]
     failures: dict[str, str] = {}
     for be, dt, errors in agreement():
@@ -163,14 +186,14 @@ def agreement_markdown() -> str:
         )
         if dt is None:
             rest = " | ".join("—" for _ in CHECKS)
-            lines.append(f"| {who} | **not present**: {be.missing} | {rest} | — |")
+            lines.append(f"| {who} | {words['absent']}: {be.missing} | {rest} | — |")
             continue
         cells = []
         for check, _ in CHECKS:
             e = errors[check]
             if isinstance(e, str):
                 failures.setdefault(f"{be.name}, {check}", e)
-                cells.append(f"**fails** (`{e.split(':')[0]}`)")
+                cells.append(f"{words['fails']} (`{e.split(':')[0]}`)")
             else:
                 cells.append(f"{e:.1e}")
         measured = [e for e in errors.values() if not isinstance(e, str)]
@@ -178,12 +201,12 @@ def agreement_markdown() -> str:
         lines.append(f"| {who} | `{dt}` | {' | '.join(cells)} | {worst} |")
     out = "\n".join(lines) + "\n"
     if failures:
-        out += "\nFailures on this table, with the first line of each error:\n\n"
+        out += f"\n{words['failures']}\n\n"
         out += "".join(f"- {where}: `{what}`\n" for where, what in failures.items())
     return out
 
 
-def support_markdown() -> str:
+def support_markdown(*, lang: str = "en") -> str:
     """The home page's support matrix: what portattn supports, and what this build found."""
     nox_session = {
         "NumPy": "`tests-numpy`",
@@ -192,15 +215,17 @@ def support_markdown() -> str:
         "CuPy": "`tests-cupy`",
         "JAX": "`tests-all`",
     }
-    lines = [
-        "| library | device | dtypes | tested by | in the build of this site |",
-        "|---|---|---|---|---|",
-    ]
+    head = {
+        "en": "| library | device | dtypes | tested by | in the build of this site |",
+        "ja": "| ライブラリ | デバイス | dtype | 検査するセッション | このサイトのビルド環境 |",
+    }
+    absent = {"en": "not present ({})", "ja": "なし({})"}[lang]
+    lines = [head[lang], "|---|---|---|---|---|"]
     for be in discover():
         session = nox_session[be.name]
         if be.name == "PyTorch" and be.device_label == "CUDA":
             session = "`tests-torch-cuda`"
-        here = f"not present ({be.missing})" if be.missing else be.version
+        here = absent.format(be.missing) if be.missing else be.version
         dts = ", ".join(be.dtypes)
         lines.append(f"| {be.name} | {be.device_label} | {dts} | {session} | {here} |")
     return "\n".join(lines) + "\n"
@@ -224,7 +249,7 @@ def permutation_rows() -> list[tuple[str, str, Any]]:
     return out
 
 
-def worst_in_eps() -> str:
+def worst_in_eps(*, lang: str = "en") -> str:
     """The largest error on the agreement table, in epsilons of its dtype, as a sentence."""
     worst = None
     for be, dt, errors in agreement():
@@ -235,9 +260,8 @@ def worst_in_eps() -> str:
             if worst is None or r > worst[0]:
                 worst = (r, be, dt, check)
     if worst is None:
-        return "No backend was measured."
+        return _WORDS[lang]["none"]
     r, be, dt, check = worst
-    return (
-        f"The worst entry on the table is {r:.2g} epsilons of its dtype "
-        f"({be.name} on {be.device_label}, `{dt}`, {check})."
+    return _WORDS[lang]["worst"].format(
+        r=r, name=be.name, device=be.device_label, dt=dt, check=check
     )

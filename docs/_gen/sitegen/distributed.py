@@ -61,7 +61,27 @@ def grids() -> tuple[Grid, ...]:
     )
 
 
-def grid_svg() -> str:
+_FIG = {
+    "en": {
+        "query": "query chunk i",
+        "key": "key chunk j",
+        "title": "{title}: {pairs} of {all} pairs\n{merges} merge tasks, {tasks} tasks in all",
+        "label": "Task grids read from the dask graph: filled squares are pair tasks, "
+        "hatched squares are pairs that the mask hides and that get no task",
+    },
+    "ja": {
+        "query": "クエリのチャンク i",
+        "key": "キーのチャンク j",
+        "title": "{title}: {all} 組中 {pairs} 組\n統合タスク {merges}、全タスク {tasks}",
+        "label": "dask のグラフから読んだタスクの格子。塗りつぶしは組のタスク、"
+        "斜線はマスクで隠れてタスクを持たない組",
+    },
+}
+# The schedules' titles (see grids) in Japanese, phrase by phrase.
+_TITLES_JA = (("no mask", "マスクなし"), ("causal", "因果"), (", window ", "、ウィンドウ "))
+
+
+def grid_svg(*, lang: str = "en") -> str:
     """The (query chunk x key chunk) grid of each schedule; hidden pairs are drawn as skipped."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
@@ -76,20 +96,19 @@ def grid_svg() -> str:
         size = (plotting.NARROW_IN, 3.9 * len(gs)) if narrow else (3.3 * len(gs), 3.6)
         fig, axes = plt.subplots(*shape, figsize=size, squeeze=False)
         for ax, g in zip(axes.flat, gs, strict=True):
-            _draw_grid(ax, g, Rectangle)
-        axes.flat[0].set_ylabel("query chunk i")
+            _draw_grid(ax, g, Rectangle, lang=lang)
+        axes.flat[0].set_ylabel(_FIG[lang]["query"])
         fig.tight_layout()
         return fig
 
     return plotting.figures_only(
         draw,
-        label="Task grids read from the dask graph: filled squares are pair tasks, "
-        "hatched squares are pairs that the mask hides and that get no task",
-        name="dask-grid",
+        label=_FIG[lang]["label"],
+        name=f"dask-grid-{lang}",
     )
 
 
-def _draw_grid(ax: Any, g: Grid, rectangle: Any) -> None:
+def _draw_grid(ax: Any, g: Grid, rectangle: Any, *, lang: str = "en") -> None:
     """One schedule's grid: pair tasks filled, hidden pairs hatched."""
     for i in range(g.chunks):
         for j in range(g.chunks):
@@ -113,10 +132,15 @@ def _draw_grid(ax: Any, g: Grid, rectangle: Any) -> None:
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)
-    ax.set_xlabel("key chunk j")
+    words = _FIG[lang]
+    ax.set_xlabel(words["key"])
+    title = g.title
+    for en, ja in _TITLES_JA if lang == "ja" else ():
+        title = title.replace(en, ja)
     ax.set_title(
-        f"{g.title}: {len(g.pairs)} of {g.chunks**2} pairs\n"
-        f"{g.merges} merge tasks, {g.tasks} tasks in all",
+        words["title"].format(
+            title=title, pairs=len(g.pairs), all=g.chunks**2, merges=g.merges, tasks=g.tasks
+        )
     )
 
 

@@ -194,35 +194,60 @@ def last_layer(arch: str, length: int = 10) -> tuple[tuple[str, ...], torch.Tens
     return tuple(f"t{int(i)}" for i in ids[0]), weights, model.config
 
 
-def heads_figure(arch: str = "mistral") -> str:
-    """The last layer's heads side by side, as inline SVG with a caption."""
+_FIG = {
+    "en": {
+        "head": "head {h}",
+        "title": "{name}, last layer (rows: queries, columns: keys)",
+        "label": "{name} attention weights per head",
+        "caption": "The {n} heads of the last layer of a random {name} ({layers} layers, "
+        "{kv} KV heads{window}), computed by portattn while this page was built, "
+        "on {tokens} random tokens.",
+        "window": ", sliding window {w}",
+    },
+    "ja": {
+        "head": "ヘッド {h}",
+        "title": "{name} の最終層(行: クエリ、列: キー)",
+        "label": "{name} のヘッドごとの注目の重み",
+        "caption": "乱数の重みの {name}({layers} 層、KV ヘッド {kv} 個{window})の最終層に"
+        "ある {n} 個のヘッド。このページのビルド時に、乱数の {tokens} トークンに対して"
+        "portattn が計算した。",
+        "window": "、スライディングウィンドウ {w}",
+    },
+}
+
+
+def heads_figure(arch: str = "mistral", *, lang: str = "en") -> str:
+    """The last layer's heads side by side, as inline SVG with a caption in ``lang``."""
 
     from sitegen import plotting
     from sitegen.beyond import grid
 
     tokens, weights, cfg = last_layer(arch)
     n = weights.shape[0]
+    words = _FIG[lang]
 
     def draw(narrow: bool) -> Any:
         # One row on screens, two per row on phones (text stays >= 9 px at 390 px).
         fig, axes = grid(n, narrow, wide_h=3.4)
         for h, ax in enumerate(axes):
             ax.imshow(weights[h].numpy(), cmap="viridis", vmin=0, vmax=1)
-            ax.set_title(f"head {h}")
+            ax.set_title(words["head"].format(h=h))
             ax.set_xticks(range(len(tokens)), tokens, rotation=90)
             ax.set_yticks(range(len(tokens)), tokens)
-        fig.suptitle(f"{NAMES[arch]}, last layer (rows: queries, columns: keys)")
+        fig.suptitle(words["title"].format(name=NAMES[arch]))
         fig.tight_layout()
         return fig
 
     svg = plotting.figures_only(
-        draw, label=f"{NAMES[arch]} attention weights per head", name=f"hf-{arch}"
+        draw, label=words["label"].format(name=NAMES[arch]), name=f"hf-{arch}-{lang}"
     )
     window = getattr(cfg, "sliding_window", None)
-    caption = (
-        f"The {n} heads of the last layer of a random {NAMES[arch]} "
-        f"({cfg.num_hidden_layers} layers, {cfg.num_key_value_heads} KV heads"  # type: ignore[attr-defined]
-        + (f", sliding window {window}" if window else "")
-        + f"), computed by portattn while this page was built, on {len(tokens)} random tokens."
+    caption = words["caption"].format(
+        n=n,
+        name=NAMES[arch],
+        layers=cfg.num_hidden_layers,  # type: ignore[attr-defined]
+        kv=cfg.num_key_value_heads,  # type: ignore[attr-defined]
+        window=words["window"].format(w=window) if window else "",
+        tokens=len(tokens),
     )
     return f'<figure class="pa-plot">{svg}<figcaption>{html.escape(caption)}</figcaption></figure>'

@@ -29,6 +29,23 @@ _WORDS: dict[str, dict[str, str]] = {
     "computed": {"en": "computed here", "ja": "このサイトの計算"},
     "mask_on": {"en": "Causal mask on", "ja": "因果マスク ON"},
     "mask_off": {"en": "Causal mask off", "ja": "因果マスク OFF"},
+    # Performance page
+    "causal": {"en": "causal", "ja": "因果マスクあり"},
+    "not_causal": {"en": "not causal", "ja": "因果マスクなし"},
+    "throughput_label": {"en": "throughput against N", "ja": "N に対するスループット"},
+    "throughput_caption": {
+        "en": "Throughput against N. Colour: the code path; line style and marker: the "
+        "library. Higher is better.",
+        "ja": "N に対するスループット。色はコードの経路、線の種類と印はライブラリを表す。"
+        "高いほどよい。",
+    },
+    "peak_mib": {"en": "peak extra MiB", "ja": "追加メモリの最大値(MiB)"},
+    "memory_target": {"en": "2 × (inputs + output)", "ja": "2 × (入力 + 出力)"},  # noqa: RUF001
+    "memory_label": {"en": "peak memory against N", "ja": "N に対するメモリの最大値"},
+    "memory_caption": {
+        "en": "Peak extra memory of one call against N. Lower is better.",
+        "ja": "1回の呼び出しが追加で使うメモリの最大値と N の関係。低いほどよい。",
+    },
 }
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import plotting
+from .i18n import t
 
 RECORD = Path("benchmarks/results/cpu.json")
 LIBRARIES = ("numpy", "torch", "jax", "cupy", "dask", "array-api-strict")
@@ -109,7 +110,7 @@ def measured_markdown() -> str:
     return out
 
 
-def throughput_figure() -> str:
+def throughput_figure(*, lang: str = "en") -> str:
     """GFLOP/s against N, not causal and causal; legend outside the axes; stacked on phones."""
     import matplotlib.pyplot as plt
 
@@ -135,7 +136,7 @@ def throughput_figure() -> str:
                 if pts:
                     ax.plot(*zip(*pts, strict=True), label=s, lw=1.6, ms=4, **style[s])
             ax.set(xscale="log", yscale="log", xlabel="N (= Lq = Lk)")
-            ax.set_title("causal" if causal else "not causal")
+            ax.set_title(t("causal" if causal else "not_causal", lang))
             ax.set_ylabel("GFLOP/s")
             ax.grid(True, which="major", lw=0.5)
         handles, labels = axes.flat[0].get_legend_handles_labels()
@@ -149,10 +150,9 @@ def throughput_figure() -> str:
 
     return plotting.figure(
         draw,
-        label="throughput against N",
-        name="perf-throughput",
-        caption="Throughput against N. Colour: the code path; line style and marker: the "
-        "library. Higher is better.",
+        label=t("throughput_label", lang),
+        name=f"perf-throughput-{lang}",
+        caption=t("throughput_caption", lang),
     )
 
 
@@ -206,7 +206,7 @@ def throughput_tables() -> str:
     return "\n".join(out)
 
 
-def memory_figure() -> str:
+def memory_figure(*, lang: str = "en") -> str:
     """Peak extra memory against N, with the 2 x (inputs + output) target."""
     import matplotlib.pyplot as plt
 
@@ -236,9 +236,9 @@ def memory_figure() -> str:
                 *zip(*target, strict=True),
                 ls=":",
                 color=plotting.MUTED,
-                label="2 × (inputs + output)",  # noqa: RUF001
+                label=t("memory_target", lang),
             )
-        ax.set(xscale="log", yscale="log", xlabel="N", ylabel="peak extra MiB")
+        ax.set(xscale="log", yscale="log", xlabel="N", ylabel=t("peak_mib", lang))
         ax.grid(True, which="major", lw=0.5)
         if narrow:
             ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=1)
@@ -249,9 +249,9 @@ def memory_figure() -> str:
 
     return plotting.figure(
         draw,
-        label="peak memory against N",
-        name="perf-memory",
-        caption="Peak extra memory of one call against N. Lower is better.",
+        label=t("memory_label", lang),
+        name=f"perf-memory-{lang}",
+        caption=t("memory_caption", lang),
     )
 
 
