@@ -34,3 +34,14 @@ def test_every_english_page_has_a_japanese_sibling(site_dir: Path, english_path:
     share = len(KANA.findall(prose)) / max(1, len(re.findall(r"\w", prose)))
     least = 0.01 if path == "api/" else 0.1
     assert share >= least, f"/{target} reads as English ({share:.0%} kana)"
+
+
+def test_japanese_api_page_documents_the_same_names() -> None:
+    """api.ja.md repeats api.md's ::: directives under its Japanese introduction."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+
+    def directives(name: str) -> str:
+        text = (docs / name).read_text(encoding="utf-8")
+        return text[text.index(":::") :]
+
+    assert directives("api.ja.md") == directives("api.md")
