@@ -12,9 +12,6 @@ from typing import Any
 
 import pytest
 from browsing import DESKTOP, PHONE, open_page, table
-
-pytest.importorskip("torch", reason="the page's model is a torch model")
-
 from sitegen import heads, learned
 
 LAYOUTS = [(w, s) for w in (PHONE, DESKTOP) for s in ("light", "dark")]
