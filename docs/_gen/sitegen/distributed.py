@@ -186,48 +186,91 @@ def record() -> dict[str, Any] | None:
     return data
 
 
-def scaling_markdown() -> str:
+_SCALING = {
+    "en": {
+        "none": "*No benchmark record yet: run `python benchmarks/run.py --dask-only` "
+        "to write `benchmarks/results/dask.json`.*\n",
+        "measured": "Measured {date} on {cpu}, {cores} cores, NumPy {numpy}; load average "
+        "{before} before and {after} after the run. B={B}, H={H}, d={d}, {dtype}; median of "
+        "{runs} or more interleaved runs.",
+        "head": "| N | causal | subject | median ms | GFLOP/s | speed-up |",
+        "yes": "yes",
+        "no": "no",
+        "busy": "The machine was oversubscribed during this run (load {load:.1f} on {cores} "
+        "cores): numpy's BLAS threads spin while they wait for a core, which slows the default "
+        "(multi-threaded BLAS) rows most, and no core was free for dask's second thread. Read "
+        "these figures as a record of that run, not as what dask gains on an idle machine.",
+        "skipped": "Not measured: {why}.",
+        "overhead": "Overhead per task, from a graph of {tasks} chunks of shape {shape} run by "
+        "the threads scheduler: {build:.0f} µs to build the graph, {sched:.0f} µs to schedule "
+        "and run it beyond the {kernel:.0f} µs the kernel itself takes on such a chunk.",
+    },
+    "ja": {
+        "none": "*ベンチマークの記録はまだない。`python benchmarks/run.py --dask-only` を"
+        "実行すると `benchmarks/results/dask.json` に書かれる。*\n",
+        "measured": "{date} に {cpu}({cores} コア、NumPy {numpy})で測定。ロードアベレージは"
+        "実行前 {before}、実行後 {after}。B={B}、H={H}、d={d}、{dtype}。交互に並べた "
+        "{runs} 回以上の実行の中央値。",
+        "head": "| N | 因果マスク | 測定対象 | 中央値 ms | GFLOP/s | 高速化 |",
+        "yes": "あり",
+        "no": "なし",
+        "busy": "この測定中、計算機は過負荷だった({cores} コアに対してロード {load:.1f})。"
+        "NumPy の BLAS スレッドはコアを待つ間も空回りするので、既定の(マルチスレッド BLAS の)"
+        "行がいちばん遅くなり、dask の2本目のスレッドに空くコアもなかった。これらの数値は"
+        "その実行の記録として読むべきもので、空いた計算機で dask が稼ぐ分ではない。",
+        "skipped": "測定していないもの: {why}。",
+        "overhead": "タスクあたりのオーバーヘッド。形 {shape} のチャンク {tasks} 個のグラフを "
+        "threads スケジューラで動かすと、グラフを作るのに {build:.0f} µs、そのような"
+        "チャンクでカーネル自体にかかる {kernel:.0f} µs を超えてスケジュールと実行に "
+        "{sched:.0f} µs かかった。",
+    },
+}
+
+
+def scaling_markdown(*, lang: str = "en") -> str:
     """The benchmark's dask rows as a table, with the machine and the per-task overhead."""
     rec = record()
+    w = _SCALING[lang]
     if rec is None:
-        return (
-            "*No benchmark record yet: run `python benchmarks/run.py --dask-only` "
-            "to write `benchmarks/results/dask.json`.*\n"
-        )
+        return w["none"]
     m, c = rec["machine"], rec["config"]
     lines = [
-        f"Measured {rec['date'][:10]} on {m['cpu']}, {m['cores']} cores, NumPy {m['numpy']}; "
-        f"load average {rec['load_before']} before and {rec['load_after']} after the run. "
-        f"B={c['B']}, H={c['H']}, d={c['d']}, {c['dtype']}; median of "
-        f"{min(r['runs'] for r in rec['throughput'])} or more interleaved runs.",
+        w["measured"].format(
+            date=rec["date"][:10],
+            cpu=m["cpu"],
+            cores=m["cores"],
+            numpy=m["numpy"],
+            before=rec["load_before"],
+            after=rec["load_after"],
+            B=c["B"],
+            H=c["H"],
+            d=c["d"],
+            dtype=c["dtype"],
+            runs=min(r["runs"] for r in rec["throughput"]),
+        ),
         "",
-        "| N | causal | subject | median ms | GFLOP/s | speed-up |",
+        w["head"],
         "| ---: | :---: | --- | ---: | ---: | ---: |",
     ]
     for r in rec["throughput"]:
         lines.append(
-            f"| {r['n']} | {'yes' if r['causal'] else 'no'} | {r['subject']} | "
+            f"| {r['n']} | {w['yes'] if r['causal'] else w['no']} | {r['subject']} | "
             f"{r['median_s'] * 1e3:.0f} | {r['gflops']:.1f} | {r['speedup']:.2f}x |"
         )
     load = max(rec["load_before"][0], rec["load_after"][0])
     if load > m["cores"]:
-        lines += [
-            "",
-            f"The machine was oversubscribed during this run (load {load:.1f} on "
-            f"{m['cores']} cores): numpy's BLAS threads spin while they wait for a core, "
-            "which slows the default (multi-threaded BLAS) rows most, and no core was free "
-            "for dask's second thread. Read these figures as a record of that run, not as "
-            "what dask gains on an idle machine.",
-        ]
-    lines += [""] + [f"Not measured: {why}." for why in rec.get("skipped", [])]
+        lines += ["", w["busy"].format(load=load, cores=m["cores"])]
+    lines += [""] + [w["skipped"].format(why=why) for why in rec.get("skipped", [])]
     o = rec["overhead"]
-    shape = "x".join(map(str, o["chunk_shape"]))
     lines += [
         "",
-        f"Overhead per task, from a graph of {o['tasks']} chunks of shape {shape} run by the "
-        f"threads scheduler: {o['graph_build_us_per_task']:.0f} µs to build the graph, "
-        f"{o['scheduling_us_per_task']:.0f} µs to schedule and run it beyond the "
-        f"{o['kernel_us_per_call']:.0f} µs the kernel itself takes on such a chunk.",
+        w["overhead"].format(
+            tasks=o["tasks"],
+            shape="x".join(map(str, o["chunk_shape"])),
+            build=o["graph_build_us_per_task"],
+            sched=o["scheduling_us_per_task"],
+            kernel=o["kernel_us_per_call"],
+        ),
     ]
     return "\n".join(lines) + "\n"
 
