@@ -5,8 +5,8 @@ measured instead of described:
 
 - **reverse**: read ``n`` tokens and write them backwards. Every position sees
   every other (no mask); a head that solves it attends along the anti-diagonal.
-- **induction**: a prefix, then a random pattern, then the same pattern again
-  (causal). Predicting the second copy needs a previous-token head in layer 1
+- **induction**: random tokens in which one random pattern occurs twice in a
+  row (causal). Predicting the second copy needs a previous-token head in layer 1
   and, in layer 2, an induction head: from the current token, attend to the
   token that followed its earlier occurrence.
 
