@@ -52,10 +52,18 @@ _CJK = "\u3000-\u30ff\u4e00-\u9fff\uff00-\uffef"
 _CJK_BREAK = re.compile(rf"(?<=[{_CJK}])\n[ \t]*(?=[{_CJK}])")
 
 
+# The Japanese API reference is a Japanese introduction above this line; the
+# entries themselves are api.md's, so that a name added there shows in both.
+API_ENTRIES = "<!-- the entries of api.md -->"
+
+
 def on_page_markdown(markdown: str, /, *, page: Any, config: Any, files: Any) -> str:
-    """Join wrapped lines between two CJK characters on Japanese pages."""
+    """Join wrapped lines between two CJK characters on Japanese pages; fill in api.ja.md."""
     if not page.file.src_uri.endswith(".ja.md"):
         return markdown
+    if API_ENTRIES in markdown:
+        english = (Path(config["docs_dir"]) / "api.md").read_text(encoding="utf-8")
+        markdown = markdown.replace(API_ENTRIES, english[english.index(":::") :])
     return _CJK_BREAK.sub("", markdown)
 
 
