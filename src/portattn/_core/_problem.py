@@ -10,6 +10,7 @@ lists the options.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -31,8 +32,9 @@ from .._lib._compat import matrix_transpose
 from .._lib._precision import compute_dtype
 from .._lib._typing import Array, Device, DType, Namespace
 from ._masks import Structure, length_mask, normalize_causal, normalize_window
+from ._variant import Variant
 
-__all__ = ["Problem", "empty_result", "empty_scores", "expand", "prepare"]
+__all__ = ["Problem", "Variant", "empty_result", "empty_scores", "expand", "prepare"]
 
 
 @dataclass(slots=True)
@@ -42,16 +44,12 @@ class Problem:
     q: Array  # (..., Lq, d), compute dtype
     k: Array  # (..., Lk, d)
     v: Array  # (..., Lk, dv)
-    mask: Array | None  # bool, ndim == len(batch) + 2, (..., Lq|1, Lk|1)
-    bias: Array | None  # compute dtype, same layout as mask
-    key_lengths: Array | None  # int, ndim == len(batch)
-    query_lengths: Array | None
-    structure: Structure
+    variant: Variant  # every option but the scale, laid out on the batch shape
+    structure: Structure  # the positions causal/window allow, resolved for (Lq, Lk)
     batch: tuple[int, ...]
     out_dtype: DType
     device: Device
     scale: float
-    softcap: float | None = None  # scores become tanh(s / softcap) * softcap before the bias
 
     @property
     def lq(self) -> int:
@@ -70,13 +68,14 @@ class Problem:
         parts = []
         if not self.structure.tile_is_full(q0, q1, k0, k1):
             parts.append(self.structure.shared_tile(q0, q1, k0, k1, xp=xp, device=self.device))
-        if self.mask is not None:
-            parts.append(_tile(self.mask, q0, q1, k0, k1))
-        if self.key_lengths is not None:
-            kl = length_mask(self.key_lengths, self.lk, k0, k1, xp=xp, device=self.device)
+        va = self.variant
+        if va.mask is not None:
+            parts.append(_tile(va.mask, q0, q1, k0, k1))
+        if va.key_lengths is not None:
+            kl = length_mask(va.key_lengths, self.lk, k0, k1, xp=xp, device=self.device)
             parts.append(kl[..., None, :])  # (..., 1, k1-k0)
-        if self.query_lengths is not None:
-            ql = length_mask(self.query_lengths, self.lq, q0, q1, xp=xp, device=self.device)
+        if va.query_lengths is not None:
+            ql = length_mask(va.query_lengths, self.lq, q0, q1, xp=xp, device=self.device)
             parts.append(ql[..., :, None])  # (..., q1-q0, 1)
         if not parts:
             return None
@@ -85,8 +84,28 @@ class Problem:
             out = xp.logical_and(out, p)
         return out
 
+    def arrays(self) -> tuple[Array | None, ...]:
+        """``q``, ``k``, ``v`` and every array field of the variant (``None`` where absent).
+
+        In one fixed order: what the autodiff adapters hand the library as
+        inputs, so that nothing they run closes over an array.
+        """
+        va = self.variant
+        return (self.q, self.k, self.v, *[getattr(va, name) for name in Variant.ARRAYS])
+
+    def with_arrays(self, arrays: tuple[Array | None, ...]) -> Problem:
+        """This problem holding ``arrays``, in :meth:`arrays` order, instead of its own."""
+        q, k, v, *options = arrays
+        variant = self.variant.with_arrays(zip(Variant.ARRAYS, options, strict=True))
+        return dataclasses.replace(self, q=q, k=k, v=v, variant=variant)
+
+    def without_arrays(self) -> Problem:
+        """The static part, to keep beside the arrays a library's autodiff saves."""
+        return self.with_arrays((None,) * (3 + len(Variant.ARRAYS)))
+
     def bias_tile(self, q0: int, q1: int, k0: int, k1: int) -> Array | None:
-        return None if self.bias is None else _tile(self.bias, q0, q1, k0, k1)
+        bias = self.variant.bias
+        return None if bias is None else _tile(bias, q0, q1, k0, k1)
 
     def scores(
         self, q_block: Array, k_t: Array, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace
@@ -98,9 +117,11 @@ class Problem:
         per block rather than once per tile. Hidden pairs are not masked here.
         """
         s = q_block @ k_t  # (..., q1-q0, k1-k0), already scaled through q
-        if self.softcap is not None:
-            s = xp.tanh(s / self.softcap) * self.softcap  # Gemma 2's logit soft-capping
-        return s if self.bias is None else s + self.bias_tile(q0, q1, k0, k1)
+        cap = self.variant.softcap
+        if cap is not None:
+            s = xp.tanh(s / cap) * cap  # Gemma 2's logit soft-capping
+        bias = self.bias_tile(q0, q1, k0, k1)
+        return s if bias is None else s + bias
 
 
 def empty_result(p: Problem, *, xp: Namespace) -> tuple[Array, Array]:
@@ -170,50 +191,17 @@ def _structure(lq: int, lk: int, causal: bool | str, window: tuple[int, int] | N
 
 
 # What _validate decides: batch, structure, output dtype, compute dtype,
-# device, scale. Memoised for NumPy calls without array options.
-_Plan = tuple[tuple[int, ...], Structure, DType, DType, Device, float]
+# device, scale, and the variant laid out for the paths. Memoised for NumPy
+# calls without array options (their variant holds no array).
+_Plan = tuple[tuple[int, ...], Structure, DType, DType, Device, float, Variant]
 _PLANS: dict[tuple[object, ...], _Plan] = {}
 
 
-def _check_lengths(name: str, x: Array | None, *, xp: Namespace) -> None:
-    if x is not None and not has_kind(x.dtype, "integral", xp=xp):
-        msg = f"expected {name} to be an integer array of valid lengths, got {dtype_name(x.dtype)}"
-        raise TypeError(msg)
-
-
-def _validate(
-    query: Array,
-    key: Array,
-    value: Array | None,
-    *,
-    mask: Array | None,
-    bias: Array | None,
-    causal: bool | str,
-    scale: object,
-    window: tuple[int, int] | None,
-    key_lengths: Array | None,
-    query_lengths: Array | None,
-    xp: Namespace,
-) -> _Plan:
-    """Every check of :func:`prepare` on the arrays, and what they decide."""
-    # Each check runs over the arrays present, in one fixed order, so the
-    # first problem found is the one reported. A small call is dominated by
-    # this bookkeeping, so nothing is looked at twice.
-    arrays = [("query", query), ("key", key)]
-    if value is not None:
-        arrays.append(("value", value))
-    present = arrays
-    if mask is not None or bias is not None or key_lengths is not None or query_lengths is not None:
-        present = arrays + [
-            (name, x)
-            for name, x in (
-                ("mask", mask),
-                ("bias", bias),
-                ("key_lengths", key_lengths),
-                ("query_lengths", query_lengths),
-            )
-            if x is not None
-        ]
+def _check_arrays(
+    arrays: list[tuple[str, Array]], options: list[tuple[str, Array]], *, xp: Namespace
+) -> None:
+    """Every check on the arrays alone, in one fixed order: the first problem found is reported."""
+    present = arrays + options
     for name, x in present:
         check_array(name, x)
     for name, x in arrays:
@@ -222,17 +210,20 @@ def _validate(
         check_rank(name, x, 2, "(..., length, features)")
     for name, x in present:
         check_known_shape(name, x)  # before any size is read
-    if mask is not None:
-        check_bool("mask", mask, xp=xp)
-    if bias is not None:
-        check_floating("bias", bias, xp=xp)
-    _check_lengths("key_lengths", key_lengths, xp=xp)
-    _check_lengths("query_lengths", query_lengths, xp=xp)
+    for name, x in options:
+        kind = Variant.ARRAYS[name].kind
+        if kind == "bool":
+            check_bool(name, x, xp=xp)
+        elif kind == "floating":
+            check_floating(name, x, xp=xp)
+        elif not has_kind(x.dtype, "integral", xp=xp):
+            got = dtype_name(x.dtype)
+            msg = f"expected {name} to be an integer array of valid lengths, got {got}"
+            raise TypeError(msg)
 
-    # Sizes as the library gives them: int() would force a sync or a
-    # specialisation on libraries whose sizes are symbolic.
-    lq, d = query.shape[-2], query.shape[-1]
-    lk = key.shape[-2]
+
+def _check_sizes(query: Array, key: Array, value: Array | None) -> None:
+    d, lk = query.shape[-1], key.shape[-2]
     if key.shape[-1] != d:
         msg = (
             f"expected key to have feature size d={d} like query {tuple(query.shape)}, "
@@ -246,42 +237,76 @@ def _validate(
         )
         raise ValueError(msg)
 
-    dev = check_same_device(present)
 
-    batch = tuple(query.shape[:-2])
-    if tuple(key.shape[:-2]) != batch or (value is not None and tuple(value.shape[:-2]) != batch):
-        named_batches = [("query", batch), ("key", tuple(key.shape[:-2]))]
-        if value is not None:
-            named_batches.append(("value", tuple(value.shape[:-2])))
-        batch = broadcast_shapes(named_batches)
-    for name, m in (("mask", mask), ("bias", bias)):
-        if m is None:
+def _batch(
+    arrays: list[tuple[str, Array]], options: list[tuple[str, Array]], lq: int, lk: int
+) -> tuple[int, ...]:
+    """The batch shape every array broadcasts to; options may add axes the inputs lack."""
+    batch = tuple(arrays[0][1].shape[:-2])
+    if any(tuple(x.shape[:-2]) != batch for _, x in arrays[1:]):
+        batch = broadcast_shapes([(name, tuple(x.shape[:-2])) for name, x in arrays])
+    for name, x in options:
+        if Variant.ARRAYS[name].layout == "batch":
+            batch = broadcast_shapes([("the batch shape", batch), (name, tuple(x.shape))])
             continue
-        if m.ndim < 2:
-            check_rank(name, m, 2, f"broadcastable to (..., Lq={lq}, Lk={lk})")
-        full = broadcast_shapes([("the scores", (*batch, lq, lk)), (name, tuple(m.shape))])
+        if x.ndim < 2:
+            check_rank(name, x, 2, f"broadcastable to (..., Lq={lq}, Lk={lk})")
+        full = broadcast_shapes([("the scores", (*batch, lq, lk)), (name, tuple(x.shape))])
         if full[-2:] != (lq, lk):
             msg = (
                 f"expected {name} to be broadcastable to (..., {lq}, {lk}), "
-                f"got shape {tuple(m.shape)}"
+                f"got shape {tuple(x.shape)}"
             )
             raise ValueError(msg)
         batch = full[:-2]
-    for name, n in (("key_lengths", key_lengths), ("query_lengths", query_lengths)):
-        if n is not None:
-            batch = broadcast_shapes([("the batch shape", batch), (name, tuple(n.shape))])
+    return batch
 
-    structure = _structure(lq, lk, causal, window)
+
+def _laid_out(
+    asked: Variant, options: list[tuple[str, Array]], nb: int, work: DType, *, xp: Namespace
+) -> Variant:
+    """``asked`` with its arrays aligned to ``nb`` batch axes, floating ones in ``work``."""
+    laid = []
+    for name, x in options:
+        spec = Variant.ARRAYS[name]
+        if spec.kind == "floating":
+            x = _as(x, work, xp=xp)
+        elif spec.kind == "lengths" and x.dtype != xp.int64 and x.dtype != xp.int32:
+            # Compared with positions in int64 whatever their own dtype: int8
+            # lengths would wrap past 127 (showing padded keys), and torch
+            # cannot compare uint64 with int64 at all.
+            x = xp.astype(x, xp.int64)
+        laid.append((name, _align(x, nb + 2 if spec.layout == "scores" else nb, xp=xp)))
+    return asked.with_arrays(laid)
+
+
+def _validate(
+    query: Array, key: Array, value: Array | None, asked: Variant, scale: object, *, xp: Namespace
+) -> _Plan:
+    """Every check of :func:`prepare` on the arrays, and what they decide."""
+    # A small call is dominated by this bookkeeping, so nothing is looked at twice.
+    arrays = [("query", query), ("key", key)]
+    if value is not None:
+        arrays.append(("value", value))
+    options = asked.arrays()
+    _check_arrays(arrays, options, xp=xp)
+    _check_sizes(query, key, value)
+    dev = check_same_device(arrays + options)
+    # Sizes as the library gives them: int() would force a sync or a
+    # specialisation on libraries whose sizes are symbolic.
+    lq, lk, d = query.shape[-2], key.shape[-2], query.shape[-1]
+    batch = _batch(arrays, options, lq, lk)
+    structure = _structure(lq, lk, asked.causal, asked.window)
     if scale is not None:
         scale_value = check_finite_scale(scale)
     else:  # d == 0: every score is an empty sum, 0, whatever the scale
         scale_value = 1.0 / math.sqrt(d) if d > 0 else 1.0
-
     out_dtype = query.dtype
     if key.dtype != out_dtype or (value is not None and value.dtype != out_dtype):
         out_dtype = xp.result_type(*(x.dtype for _, x in arrays))
     work = compute_dtype(out_dtype, xp=xp)
-    return batch, structure, out_dtype, work, dev, scale_value
+    variant = _laid_out(asked, options, len(batch), work, xp=xp) if options else asked
+    return batch, structure, out_dtype, work, dev, scale_value, variant
 
 
 def prepare(
@@ -311,87 +336,60 @@ def prepare(
     cap = None if softcap is None else _check_softcap(softcap)
     plan = None
     memo: tuple[object, ...] | None = None
-    if (
-        type(query) is np.ndarray
-        and type(key) is np.ndarray
-        and (value is None or type(value) is np.ndarray)
-        and mask is None
-        and bias is None
-        and key_lengths is None
-        and query_lengths is None
-        and (scale is None or type(scale) is float or type(scale) is int)
-    ):
-        # The checks below depend on nothing but these: a repeat NumPy call
-        # (the chapter's size is dominated by such bookkeeping) skips them.
-        # (``xp`` is these arrays' namespace: callers look it up from them.)
-        memo = (query.dtype, query.shape, key.dtype, key.shape, causal, window, scale, cap)
-        if value is not None:
-            memo += (value.dtype, value.shape)
-        plan = _PLANS.get(memo)
+    if mask is None and bias is None and key_lengths is None and query_lengths is None:
+        memo = _memo_key(query, key, value, scale, causal, window, cap)
+        plan = None if memo is None else _PLANS.get(memo)
     if plan is None:
-        plan = _validate(
-            query,
-            key,
-            value,
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            scale=scale,
-            window=window,
-            key_lengths=key_lengths,
-            query_lengths=query_lengths,
-            xp=xp,
-        )
+        asked = Variant(mask, bias, key_lengths, query_lengths, causal, window, cap)
+        plan = _validate(query, key, value, asked, scale, xp=xp)
         if memo is not None:
             if len(_PLANS) >= _STRUCTURES_MAX:
                 _PLANS.clear()
             _PLANS[memo] = plan
-    batch, structure, out_dtype, work, dev, scale_value = plan
-    lk = structure.lk
+    return _problem(query, key, value, plan, xp=xp)
+
+
+def _memo_key(
+    query: Array, key: Array, value: Array | None, scale: object, *static: object
+) -> tuple[object, ...] | None:
+    """What a NumPy call's checks depend on, or ``None`` where they depend on more.
+
+    A repeat NumPy call (the chapter's size is dominated by such
+    bookkeeping) then skips them. (``xp`` is these arrays' namespace:
+    callers look it up from them.)
+    """
+    if (
+        type(query) is not np.ndarray
+        or type(key) is not np.ndarray
+        or (value is not None and type(value) is not np.ndarray)
+        or not (scale is None or type(scale) is float or type(scale) is int)
+    ):
+        return None
+    memo = (query.dtype, query.shape, key.dtype, key.shape, scale, *static)
+    if value is not None:
+        memo += (value.dtype, value.shape)
+    return memo
+
+
+def _problem(
+    query: Array, key: Array, value: Array | None, plan: _Plan, *, xp: Namespace
+) -> Problem:
+    """The arrays in compute precision (``q`` scaled, padding zeroed), with ``plan``'s facts."""
+    batch, structure, out_dtype, work, dev, scale_value, variant = plan
     # Inline rather than _as(): at the chapter's size every call shows.
     q = (query if query.dtype == work else xp.astype(query, work)) * scale_value
     k = key if key.dtype == work else xp.astype(key, work)
     v = value if value is None or value.dtype == work else xp.astype(value, work)
-    ndim = len(batch) + 2
-    # Lengths are compared with positions in int64 whatever their own dtype:
-    # int8 lengths would wrap past 127 (showing padded keys), and torch
-    # cannot compare uint64 with int64 at all.
-    k_lengths = None if key_lengths is None else _lengths(key_lengths, len(batch), xp=xp)
-    q_lengths = None if query_lengths is None else _lengths(query_lengths, len(batch), xp=xp)
-    if k_lengths is not None:
+    if variant.key_lengths is not None:
         # What lies beyond a length is padding, often garbage: zero it, so that
         # inf or NaN there never meets a zero weight (0 * NaN = NaN) on any path.
-        keep = length_mask(k_lengths, lk, 0, lk, xp=xp, device=dev)[..., :, None]  # (..., Lk, 1)
-        k = xp.where(keep, k, 0.0)
+        lk = structure.lk
+        keep = length_mask(variant.key_lengths, lk, 0, lk, xp=xp, device=dev)[..., :, None]
+        k = xp.where(keep, k, 0.0)  # (..., Lk, d)
         if v is not None:
             v = xp.where(keep, v, 0.0)
     # Positional, in field order: keywords cost a small call half a microsecond.
-    return Problem(
-        q,
-        k,
-        v,
-        None if mask is None else _align(mask, ndim, xp=xp),
-        None if bias is None else _align(_as(bias, work, xp=xp), ndim, xp=xp),
-        k_lengths,
-        q_lengths,
-        structure,
-        batch,
-        out_dtype,
-        dev,
-        scale_value,
-        cap,
-    )
-
-
-def _lengths(x: Array, ndim: int, *, xp: Namespace) -> Array:
-    """Lengths as a wide signed integer (int32 or int64) with ``ndim`` axes.
-
-    Narrower or unsigned lengths become int64; values beyond int64 are not
-    lengths anyone has.
-    """
-    if x.dtype != xp.int64 and x.dtype != xp.int32:
-        x = xp.astype(x, xp.int64)
-    return _align(x, ndim, xp=xp)
+    return Problem(q, k, v, variant, structure, batch, out_dtype, dev, scale_value)
 
 
 def _check_softcap(softcap: object) -> float:

@@ -18,7 +18,6 @@ generic modules; nothing here computes.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from .._core._problem import Problem
@@ -40,27 +39,15 @@ def blockwise_attention(
         # refuses a tensor given twice to Function.apply, so the repeat goes
         # in as a view (its gradient flows back to the same tensor).
         arrays: list[Array | None] = []
-        for x in (p.q, p.k, p.v, p.bias, p.mask, p.key_lengths, p.query_lengths):
+        for x in p.arrays():
             if x is not None and any(x is y for y in arrays):
                 x = x.view_as(x)
             arrays.append(x)
-        out, lse = _torch_function().apply(_frame(p), block_size, xp, *arrays)
+        out, lse = _torch_function().apply(p.without_arrays(), block_size, xp, *arrays)
         return out, lse
     if lib == "jax":
         return _jax_blockwise(p, block_size=block_size, xp=xp)
     return _plain_blockwise(p, block_size=block_size, xp=xp)
-
-
-def _frame(p: Problem) -> Problem:
-    """``p`` without its arrays: they go to the library's autodiff as inputs.
-
-    Masks and lengths too, although they get no gradient: a function that
-    closed over them would see them unwrapped under ``torch.func.vmap`` or a
-    JAX trace.
-    """
-    return dataclasses.replace(
-        p, q=None, k=None, v=None, bias=None, mask=None, key_lengths=None, query_lengths=None
-    )
 
 
 # --- torch -----------------------------------------------------------------
@@ -71,7 +58,7 @@ def _torch_wants_grad(p: Problem) -> bool:
 
     if not torch.is_grad_enabled():
         return False
-    return any(x is not None and x.requires_grad for x in (p.q, p.k, p.v, p.bias))
+    return any(x is not None and x.requires_grad for x in (p.q, p.k, p.v, p.variant.bias))
 
 
 def _torch_function() -> Any:
@@ -95,35 +82,24 @@ def _jax_blockwise(
     """One ``jax.custom_vjp`` per call, closing over nothing but static options."""
     import jax
 
-    frame = _frame(p)
-
-    def rebuild(args: tuple[Array, ...]) -> Problem:
-        q, k, v, bias, mask, key_lengths, query_lengths = args
-        return dataclasses.replace(
-            frame,
-            q=q,
-            k=k,
-            v=v,
-            bias=bias,
-            mask=mask,
-            key_lengths=key_lengths,
-            query_lengths=query_lengths,
-        )
+    frame = p.without_arrays()
 
     @jax.custom_vjp
     def run(*args: Array) -> tuple[Array, Array]:
-        return _plain_blockwise(rebuild(args), block_size=block_size, xp=xp)
+        return _plain_blockwise(frame.with_arrays(args), block_size=block_size, xp=xp)
 
     def fwd(*args: Array) -> tuple[tuple[Array, Array], tuple[Any, ...]]:
-        out, lse = _plain_blockwise(rebuild(args), block_size=block_size, xp=xp)
+        out, lse = _plain_blockwise(frame.with_arrays(args), block_size=block_size, xp=xp)
         return (out, lse), (args, out, lse)
 
     def bwd(res: tuple[Any, ...], cts: tuple[Array, Array]) -> tuple[Array | None, ...]:
         args, out, lse = res
         d_out, d_lse = cts
-        g = blockwise_backward(rebuild(args), out, lse, d_out, d_lse, block_size=block_size, xp=xp)
-        return g.q, g.k, g.v, g.bias, None, None, None  # masks and lengths: no gradient
+        g = blockwise_backward(
+            frame.with_arrays(args), out, lse, d_out, d_lse, block_size=block_size, xp=xp
+        )
+        return g.as_inputs()  # masks and lengths: no gradient
 
     run.defvjp(fwd, bwd)
-    out, lse = run(p.q, p.k, p.v, p.bias, p.mask, p.key_lengths, p.query_lengths)
+    out, lse = run(*p.arrays())
     return out, lse

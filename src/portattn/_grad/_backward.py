@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .._core._problem import Problem
+from .._core._problem import Problem, Variant
 from .._core._softmax import exp_floor, row_shift, safe_exp
 from .._lib._compat import is_concrete
 from .._lib._typing import Array, Namespace
@@ -51,6 +51,10 @@ class Grads:
     k: Array
     v: Array
     bias: Array | None
+
+    def as_inputs(self) -> tuple[Array | None, ...]:
+        """In :meth:`Problem.arrays` order; ``None`` for arrays without one (masks, lengths)."""
+        return (self.q, self.k, self.v, *[getattr(self, name, None) for name in Variant.ARRAYS])
 
 
 def sum_to(x: Array, shape: tuple[int, ...], *, xp: Namespace) -> Array:
@@ -85,7 +89,7 @@ def blockwise_backward(
     gradient, which for a full (Lq, Lk) bias is as large as the bias.
     """
     bq, bk = block_sizes(block_size, xp=xp, batch=p.batch)
-    want_bias = want_bias and p.bias is not None
+    want_bias = want_bias and p.variant.bias is not None
     if p.lq == 0 or p.lk == 0 or math.prod(p.batch) == 0:
         return _zeros(p, want_bias=want_bias, xp=xp)
     # As in the forward: under a trace the loop unrolls, so blocks grow to
@@ -149,8 +153,9 @@ class _Sweep:
         self.key_ranges = [p.structure.key_range(q0, min(q0 + bq, p.lq)) for q0 in self.q_starts]
         self.dq_blocks: list[Array | None] = [None] * len(self.q_starts)
         self.bias_tiles: dict[tuple[int, int], Array] = {}
-        self.bias_rows = want_bias and p.bias is not None and p.bias.shape[-2] != 1
-        self.bias_cols = want_bias and p.bias is not None and p.bias.shape[-1] != 1
+        bias = p.variant.bias
+        self.bias_rows = want_bias and bias is not None and bias.shape[-2] != 1
+        self.bias_cols = want_bias and bias is not None and bias.shape[-1] != 1
 
     def key_block(self, kj: int, k0: int, k1: int) -> tuple[Array, Array]:
         """``dK`` and ``dV`` of keys ``[k0, k1)``, adding their share to ``dQ`` and ``dBias``."""
@@ -190,9 +195,9 @@ class _Sweep:
         qb = p.q[..., q0:q1, :]  # (..., bq, d)
         s = qb @ k_t  # (..., bq, bk)
         capped = None
-        if p.softcap is not None:
-            capped = xp.tanh(s / p.softcap)
-            s = capped * p.softcap
+        if p.variant.softcap is not None:
+            capped = xp.tanh(s / p.variant.softcap)
+            s = capped * p.variant.softcap
         bias = p.bias_tile(q0, q1, k0, k1)
         if bias is not None:
             s = s + bias
@@ -218,10 +223,11 @@ class _Sweep:
 
     def _add_bias(self, ds: Array, qi: int, kj: int, rows: int, cols: int) -> None:
         """Add ``dS`` summed to the bias's tile shape (it may broadcast) to tile ``(qi, kj)``."""
-        assert self.p.bias is not None
+        bias = self.p.variant.bias
+        assert bias is not None
         key = (qi if self.bias_rows else 0, kj if self.bias_cols else 0)
         tile_shape = (
-            *self.p.bias.shape[:-2],
+            *bias.shape[:-2],
             rows if self.bias_rows else 1,
             cols if self.bias_cols else 1,
         )
@@ -257,8 +263,9 @@ def _assemble_bias(
     xp: Namespace,
 ) -> Array:
     """The bias's gradient from its tiles; tiles no query saw are zeros."""
-    assert p.bias is not None
-    batch = tuple(p.bias.shape[:-2])
+    bias = p.variant.bias
+    assert bias is not None
+    batch = tuple(bias.shape[:-2])
     row_spans = [(q0, min(q0 + bq, p.lq)) for q0 in range(0, p.lq, bq)] if rows else [(0, 1)]
     col_spans = [(k0, min(k0 + bk, p.lk)) for k0 in range(0, p.lk, bk)] if cols else [(0, 1)]
     grid = []
@@ -267,7 +274,7 @@ def _assemble_bias(
         for kj, (k0, k1) in enumerate(col_spans):
             tile = tiles.get((qi, kj))
             if tile is None:
-                tile = xp.zeros((*batch, q1 - q0, k1 - k0), dtype=p.bias.dtype, device=p.device)
+                tile = xp.zeros((*batch, q1 - q0, k1 - k0), dtype=bias.dtype, device=p.device)
             line.append(tile)
         grid.append(_concat(line, axis=-1, xp=xp))
     return _concat(grid, axis=-2, xp=xp)
@@ -277,9 +284,10 @@ def _zeros(p: Problem, *, want_bias: bool, xp: Namespace) -> Grads:
     def like(x: Array) -> Array:
         return xp.zeros(tuple(x.shape), dtype=x.dtype, device=p.device)
 
+    bias = p.variant.bias
     return Grads(
         q=like(p.q),
         k=like(p.k),
         v=like(p.v),
-        bias=like(p.bias) if want_bias and p.bias is not None else None,
+        bias=like(bias) if want_bias and bias is not None else None,
     )

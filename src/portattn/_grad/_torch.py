@@ -20,12 +20,11 @@ backward keeps O(Lq + Lk) memory; the graph of the second holds its tiles.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from typing import Any
 
 import torch
 
-from .._core._problem import Problem
+from .._core._problem import Problem, Variant
 from .._lib._precision import torch_autocast_off
 from .._lib._typing import Array, Namespace
 from .._paths._blockwise import blockwise_attention as _plain_blockwise
@@ -33,21 +32,9 @@ from ._backward import blockwise_backward
 
 __all__ = ["BlockwiseAttention"]
 
-_BIAS = 6  # the bias's position among forward's inputs (after p, block_size, xp, q, k, v)
-
-
-def _rebuild(p: Problem, arrays: tuple[Array | None, ...]) -> Problem:
-    q, k, v, bias, mask, key_lengths, query_lengths = arrays
-    return dataclasses.replace(
-        p,
-        q=q,
-        k=k,
-        v=v,
-        bias=bias,
-        mask=mask,
-        key_lengths=key_lengths,
-        query_lengths=query_lengths,
-    )
+# The bias's position among forward's inputs: after p, block_size, xp, then
+# the problem's arrays in Problem.arrays order (q, k, v, then the variant's).
+_BIAS = 3 + 3 + tuple(Variant.ARRAYS).index("bias")
 
 
 class BlockwiseAttention(torch.autograd.Function):
@@ -57,7 +44,7 @@ class BlockwiseAttention(torch.autograd.Function):
     def forward(
         p: Problem, block_size: tuple[int, int] | None, xp: Namespace, *arrays: Array | None
     ) -> tuple[Array, Array]:
-        return _plain_blockwise(_rebuild(p, arrays), block_size=block_size, xp=xp)
+        return _plain_blockwise(p.with_arrays(arrays), block_size=block_size, xp=xp)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Array, Array]) -> None:
@@ -75,7 +62,7 @@ class BlockwiseAttention(torch.autograd.Function):
         # A backward run inside torch.autocast computes as the forward did.
         with torch_autocast_off(out.device) or contextlib.nullcontext():
             g = blockwise_backward(
-                _rebuild(ctx.frame, tuple(arrays)),
+                ctx.frame.with_arrays(tuple(arrays)),
                 out,
                 lse,
                 d_out,
@@ -84,4 +71,4 @@ class BlockwiseAttention(torch.autograd.Function):
                 want_bias=bool(ctx.needs_input_grad[_BIAS]),
                 xp=ctx.xp,
             )
-        return None, None, None, g.q, g.k, g.v, g.bias, None, None, None
+        return None, None, None, *g.as_inputs()

@@ -171,7 +171,7 @@ def _exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
     lazy and traced ones (dask, ndonnx, JAX tracers, torch.compile, meta
     tensors) are never read, and the clamp runs for them.
     """
-    if not all(is_concrete(x) for x in (p.q, p.k, p.bias) if x is not None):
+    if not all(is_concrete(x) for x in (p.q, p.k, p.variant.bias) if x is not None):
         return False
     return _score_spread(p, xp=xp) + 1.0 < -exp_floor(p.q.dtype, xp=xp)
 
@@ -186,13 +186,14 @@ def _score_spread(p: Problem, *, xp: Namespace) -> float:
             q_sq = host_float(xp.max(xp.sum(p.q * p.q, axis=-1)))
             k_sq = host_float(xp.max(xp.sum(p.k * p.k, axis=-1)))
             bias_spread = 0.0
-            if p.bias is not None and math.prod(p.bias.shape) > 0:
-                bias_spread = host_float(xp.max(p.bias)) - host_float(xp.min(p.bias))
+            bias = p.variant.bias
+            if bias is not None and math.prod(bias.shape) > 0:
+                bias_spread = host_float(xp.max(bias)) - host_float(xp.min(bias))
     except (RuntimeError, NotImplementedError):  # no values to read (torch "meta" tensors)
         return math.inf  # no bound: the clamp runs
     spread = 2.0 * math.sqrt(q_sq) * math.sqrt(k_sq)
-    if p.softcap is not None:
-        spread = min(spread, 2.0 * p.softcap)  # soft-capped scores lie in (-cap, cap)
+    if p.variant.softcap is not None:
+        spread = min(spread, 2.0 * p.variant.softcap)  # soft-capped scores lie in (-cap, cap)
     # The caller adds a margin of 1 for rounding in the matmul and the
     # subtraction; NaN (from inf or NaN inputs) fails its comparison, as it should.
     return spread + bias_spread

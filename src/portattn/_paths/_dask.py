@@ -38,7 +38,7 @@ import dask.highlevelgraph
 
 from .._core._masks import Structure
 from .._core._merge import merge_attention
-from .._core._problem import Problem, expand
+from .._core._problem import Problem, Variant, expand
 from .._core._softmax import no_keys
 from .._lib._compat import array_namespace, device_of, namespace_library
 from .._lib._typing import Array, Namespace
@@ -115,33 +115,24 @@ class _Tile:
     batch: tuple[int, ...]  # the output chunk's batch shape
     impl: str
     block_size: tuple[int, int] | None
-    softcap: float | None
-    options: tuple[str, ...]  # the problem's fields that the task's option chunks fill, in order
+    variant: Variant  # the call's variant without its arrays
+    options: tuple[str, ...]  # the variant's arrays that the task's option chunks are, in order
 
 
 def _pair(q: Array, k: Array, v: Array, options: list[Array], tile: _Tile, final: bool) -> Any:
     """Attention of one query chunk over one key chunk: ``(out, lse)``, or ``out`` if final."""
     xp = array_namespace(q, k, v, *options)
-    given = dict(zip(tile.options, options, strict=True))
-    # Lengths count from the start of the whole sequence; the tile's
-    # positions count from its own start.
-    for name, start in (("key_lengths", tile.k0), ("query_lengths", tile.q0)):
-        if name in given:
-            given[name] = given[name] - start
+    variant = tile.variant.with_arrays(zip(tile.options, options, strict=True))
     p = Problem(
         q=q,
         k=k,
         v=v,
-        mask=given.get("mask"),
-        bias=given.get("bias"),
-        key_lengths=given.get("key_lengths"),
-        query_lengths=given.get("query_lengths"),
+        variant=variant.from_offset(tile.q0, tile.k0),
         structure=tile.structure,
         batch=tile.batch,
         out_dtype=q.dtype,
         device=device_of(q),
         scale=1.0,  # prepare already scaled q
-        softcap=tile.softcap,
     )
     out, lse = _kernel(p, impl=tile.impl, block_size=tile.block_size, xp=xp)
     return out if final else (out, lse)
@@ -201,12 +192,11 @@ class _Grid:
 
     def option_blocks(self, bb: tuple[int, ...], i: int, j: int) -> list[Any]:
         """The keys of every option's block for query chunk ``i`` and key chunk ``j``."""
-        nb = len(self.batch_chunks)
-        # Options over the scores (mask, bias) have two sequence axes; the
-        # others (lengths) have the batch axes only.
         return [
-            self.block(x, bb, i, j) if x.ndim == nb + 2 else self.block(x, bb)
-            for x in self.options.values()
+            self.block(x, bb, i, j)
+            if Variant.ARRAYS[name].layout == "scores"
+            else self.block(x, bb)
+            for name, x in self.options.items()
         ]
 
 
@@ -214,9 +204,7 @@ def _grid(p: Problem) -> _Grid:
     """Lift and rechunk ``p``'s arrays so that their blocks line up with the output's chunks."""
     nb = len(p.batch)
     q, k, v = (_lift(da.asarray(x), nb + 2) for x in (p.q, p.k, p.v))
-    given = {"mask": p.mask, "bias": p.bias}
-    given |= {"key_lengths": p.key_lengths, "query_lengths": p.query_lengths}
-    options = {name: da.asarray(x) for name, x in given.items() if x is not None}
+    options = {name: da.asarray(x) for name, x in p.variant.arrays()}
 
     # Output chunks: each batch axis is chunked as the first operand that
     # has its full size there (the query, unless it broadcasts); Lq as q.
@@ -236,7 +224,8 @@ def _grid(p: Problem) -> _Grid:
         return (1,) if x.shape[axis] == 1 and sum(chunks) != 1 else chunks
 
     for name, x in options.items():
-        seq = (seq_axis(x, -2, q_chunks), seq_axis(x, -1, k_chunks)) if x.ndim == nb + 2 else ()
+        scores = Variant.ARRAYS[name].layout == "scores"
+        seq = (seq_axis(x, -2, q_chunks), seq_axis(x, -1, k_chunks)) if scores else ()
         options[name] = fit(x, seq)
     return _Grid(
         fit(q, (q_chunks, (q.shape[-1],))),
@@ -306,7 +295,7 @@ def _tasks(
     fan_in: int,
 ) -> dict[Any, Any]:
     """Every task of the graph: pairs, merges, and the output chunks (with their lse)."""
-    s = p.structure
+    s, static = p.structure, p.variant.without_arrays()
     q_starts, k_starts = _starts(g.q_chunks), _starts(g.k_chunks)
     by_query: dict[int, list[int]] = {i: [] for i in range(len(g.q_chunks))}
     for i, j in visible_pairs(s, g.q_chunks, g.k_chunks):
@@ -328,7 +317,7 @@ def _tasks(
                     batch,
                     impl,
                     block_size,
-                    p.softcap,
+                    static,
                     tuple(g.options),
                 )
                 # A query chunk that sees one key chunk needs no merge: its
@@ -382,7 +371,7 @@ def dask_attention(
         *g.arrays(),
         tuple(g.options),
         p.structure,
-        p.softcap,
+        p.variant.without_arrays(),
         impl,
         block_size,
         return_lse,

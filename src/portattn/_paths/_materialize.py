@@ -18,7 +18,7 @@ def _scores(p: Problem, *, xp: Namespace) -> tuple[Array, Array | None, bool]:
     """All the scores (..., Lq, Lk), what hides pairs (or None), and whether -inf may occur."""
     lq, lk = p.structure.lq, p.structure.lk
     scores = p.scores(p.q, matrix_transpose(p.k, xp=xp), 0, lq, 0, lk, xp=xp)
-    return scores, p.allowed(0, lq, 0, lk, xp=xp), p.bias is not None
+    return scores, p.allowed(0, lq, 0, lk, xp=xp), p.variant.bias is not None
 
 
 def materialize_attention(
@@ -37,9 +37,9 @@ def materialize_attention(
     # row sums to 0, and the guards for that case are skipped.
     full_rows = (
         not may_hide
-        and p.mask is None
-        and p.key_lengths is None
-        and p.query_lengths is None
+        and p.variant.mask is None
+        and p.variant.key_lengths is None
+        and p.variant.query_lengths is None
         and s.every_query_sees_a_key
     )
     e, row_max, total = masked_exp(

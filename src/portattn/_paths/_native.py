@@ -49,7 +49,7 @@ def refusal(p: Problem, *, return_lse: bool, xp: Namespace) -> str | None:
             f"impl='native' cannot return the log-sum-exp on {lib}: its public attention "
             "kernel does not expose it; use impl='blockwise' or 'materialize' with return_lse=True"
         )
-    if p.softcap is not None:
+    if p.variant.softcap is not None:
         return (
             f"impl='native' cannot soft-cap scores on {lib}: its fused kernel has no softcap; "
             "use impl='auto', 'blockwise' or 'materialize'"
@@ -108,10 +108,10 @@ def _kernel_causal(p: Problem) -> bool:
         s.causal
         and s.offset == 0
         and s.window is None
-        and p.mask is None
-        and p.bias is None  # torch refuses is_causal together with attn_mask
-        and p.key_lengths is None
-        and p.query_lengths is None
+        and p.variant.mask is None
+        and p.variant.bias is None  # torch refuses is_causal together with attn_mask
+        and p.variant.key_lengths is None
+        and p.variant.query_lengths is None
     )
 
 
@@ -120,14 +120,14 @@ def _mask_elements(p: Problem) -> int:
     shapes: list[tuple[int, ...]] = []
     if not p.structure.trivial:
         shapes.append((p.lq, p.lk))
-    for x in (p.mask, p.bias):
+    for x in (p.variant.mask, p.variant.bias):
         if x is not None:
             shapes.append(tuple(x.shape))
-    if p.key_lengths is not None:
-        shapes.append((*p.key_lengths.shape, 1, p.lk))
-    if p.query_lengths is not None:
-        shapes.append((*p.query_lengths.shape, p.lq, 1))
-    if not shapes or (p.bias is not None and len(shapes) == 1):
+    if p.variant.key_lengths is not None:
+        shapes.append((*p.variant.key_lengths.shape, 1, p.lk))
+    if p.variant.query_lengths is not None:
+        shapes.append((*p.variant.query_lengths.shape, p.lq, 1))
+    if not shapes or (p.variant.bias is not None and len(shapes) == 1):
         return 0  # nothing, or the caller's own bias as it is
     ndim = max(len(s) for s in shapes)
     padded = [(1,) * (ndim - len(s)) + s for s in shapes]
