@@ -5,7 +5,10 @@ problem, so semantics (masking, alignment, padding, soft-capping, dtypes) are
 decided in one place and the paths differ only in how they schedule the
 arithmetic. :func:`prepare` is the only place, besides the public signatures
 of :func:`~portattn.attention` and :func:`~portattn.attention_weights`, that
-lists the options.
+lists the options: it gathers them into one
+:class:`~portattn._core._variant.Variant`, which :func:`_validate` checks by
+its own description of each array (:data:`Variant.ARRAYS`) and which the
+``Problem`` carries to the paths.
 """
 
 from __future__ import annotations
@@ -120,8 +123,7 @@ class Problem:
         cap = self.variant.softcap
         if cap is not None:
             s = xp.tanh(s / cap) * cap  # Gemma 2's logit soft-capping
-        bias = self.bias_tile(q0, q1, k0, k1)
-        return s if bias is None else s + bias
+        return s if self.variant.bias is None else s + self.bias_tile(q0, q1, k0, k1)
 
 
 def empty_result(p: Problem, *, xp: Namespace) -> tuple[Array, Array]:
@@ -243,8 +245,10 @@ def _batch(
 ) -> tuple[int, ...]:
     """The batch shape every array broadcasts to; options may add axes the inputs lack."""
     batch = tuple(arrays[0][1].shape[:-2])
-    if any(tuple(x.shape[:-2]) != batch for _, x in arrays[1:]):
-        batch = broadcast_shapes([(name, tuple(x.shape[:-2])) for name, x in arrays])
+    for _, x in arrays[1:]:
+        if tuple(x.shape[:-2]) != batch:
+            batch = broadcast_shapes([(name, tuple(x.shape[:-2])) for name, x in arrays])
+            break
     for name, x in options:
         if Variant.ARRAYS[name].layout == "batch":
             batch = broadcast_shapes([("the batch shape", batch), (name, tuple(x.shape))])
@@ -265,19 +269,26 @@ def _batch(
 def _laid_out(
     asked: Variant, options: list[tuple[str, Array]], nb: int, work: DType, *, xp: Namespace
 ) -> Variant:
-    """``asked`` with its arrays aligned to ``nb`` batch axes, floating ones in ``work``."""
-    laid = []
+    """``asked`` with its arrays aligned to ``nb`` batch axes, floating ones in ``work``.
+
+    ``asked`` itself where every array already fits: building a variant
+    costs a small call about a microsecond.
+    """
+    changed = []
     for name, x in options:
         spec = Variant.ARRAYS[name]
+        y = x
         if spec.kind == "floating":
-            x = _as(x, work, xp=xp)
-        elif spec.kind == "lengths" and x.dtype != xp.int64 and x.dtype != xp.int32:
+            y = _as(y, work, xp=xp)
+        elif spec.kind == "lengths" and y.dtype != xp.int64 and y.dtype != xp.int32:
             # Compared with positions in int64 whatever their own dtype: int8
             # lengths would wrap past 127 (showing padded keys), and torch
             # cannot compare uint64 with int64 at all.
-            x = xp.astype(x, xp.int64)
-        laid.append((name, _align(x, nb + 2 if spec.layout == "scores" else nb, xp=xp)))
-    return asked.with_arrays(laid)
+            y = xp.astype(y, xp.int64)
+        y = _align(y, nb + 2 if spec.layout == "scores" else nb, xp=xp)
+        if y is not x:
+            changed.append((name, y))
+    return asked.with_arrays(changed) if changed else asked
 
 
 def _validate(
@@ -305,7 +316,7 @@ def _validate(
     if key.dtype != out_dtype or (value is not None and value.dtype != out_dtype):
         out_dtype = xp.result_type(*(x.dtype for _, x in arrays))
     work = compute_dtype(out_dtype, xp=xp)
-    variant = _laid_out(asked, options, len(batch), work, xp=xp) if options else asked
+    variant = _laid_out(asked, options, len(batch), work, xp=xp)
     return batch, structure, out_dtype, work, dev, scale_value, variant
 
 
@@ -336,39 +347,39 @@ def prepare(
     cap = None if softcap is None else _check_softcap(softcap)
     plan = None
     memo: tuple[object, ...] | None = None
-    if mask is None and bias is None and key_lengths is None and query_lengths is None:
-        memo = _memo_key(query, key, value, scale, causal, window, cap)
-        plan = None if memo is None else _PLANS.get(memo)
+    if (
+        mask is None
+        and bias is None
+        and key_lengths is None
+        and query_lengths is None
+        and type(query) is np.ndarray
+        and type(key) is np.ndarray
+        and (value is None or type(value) is np.ndarray)
+        and (scale is None or type(scale) is float or type(scale) is int)
+    ):
+        # The checks below depend on nothing but these: a repeat NumPy call
+        # (the chapter's size is dominated by such bookkeeping) skips them.
+        # (``xp`` is these arrays' namespace: callers look it up from them.)
+        memo = (query.dtype, query.shape, key.dtype, key.shape, causal, window, scale, cap)
+        if value is not None:
+            memo += (value.dtype, value.shape)
+        plan = _PLANS.get(memo)
     if plan is None:
-        asked = Variant(mask, bias, key_lengths, query_lengths, causal, window, cap)
+        asked = Variant(
+            mask=mask,
+            bias=bias,
+            key_lengths=key_lengths,
+            query_lengths=query_lengths,
+            causal=causal,
+            window=window,
+            softcap=cap,
+        )
         plan = _validate(query, key, value, asked, scale, xp=xp)
         if memo is not None:
             if len(_PLANS) >= _STRUCTURES_MAX:
                 _PLANS.clear()
             _PLANS[memo] = plan
     return _problem(query, key, value, plan, xp=xp)
-
-
-def _memo_key(
-    query: Array, key: Array, value: Array | None, scale: object, *static: object
-) -> tuple[object, ...] | None:
-    """What a NumPy call's checks depend on, or ``None`` where they depend on more.
-
-    A repeat NumPy call (the chapter's size is dominated by such
-    bookkeeping) then skips them. (``xp`` is these arrays' namespace:
-    callers look it up from them.)
-    """
-    if (
-        type(query) is not np.ndarray
-        or type(key) is not np.ndarray
-        or (value is not None and type(value) is not np.ndarray)
-        or not (scale is None or type(scale) is float or type(scale) is int)
-    ):
-        return None
-    memo = (query.dtype, query.shape, key.dtype, key.shape, scale, *static)
-    if value is not None:
-        memo += (value.dtype, value.shape)
-    return memo
 
 
 def _problem(

@@ -59,13 +59,20 @@ class Variant:
 
     def arrays(self) -> list[tuple[str, Array]]:
         """The array options present, as ``(field name, array)`` in :data:`ARRAYS` order."""
-        found = ((name, getattr(self, name)) for name in self.ARRAYS)
-        return [(name, x) for name, x in found if x is not None]
+        present = []
+        for name in self.ARRAYS:  # a plain loop: every call with an array option runs it
+            x = getattr(self, name)
+            if x is not None:
+                present.append((name, x))
+        return present
 
     def with_arrays(self, arrays: Iterable[tuple[str, Array | None]]) -> Variant:
         """This variant with the array fields named in ``arrays`` replaced."""
-        changes: dict[str, Any] = dict(arrays)
-        return dataclasses.replace(self, **changes)
+        # Not dataclasses.replace: it inspects the fields on every call, and
+        # every call with an array option comes through here.
+        values: dict[str, Any] = {name: getattr(self, name) for name in _FIELDS}
+        values.update(arrays)
+        return Variant(**values)
 
     def without_arrays(self) -> Variant:
         """The static part: what a task or a saved frame keeps beside the arrays it is handed."""
@@ -84,3 +91,6 @@ class Variant:
                 ("query_lengths", None if ql is None else ql - q0),
             ]
         )
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Variant))
