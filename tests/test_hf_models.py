@@ -197,6 +197,26 @@ def test_training_step_gradients(model):
     assert worst <= TOL
 
 
+def test_training_step_under_autocast(model):
+    """A bfloat16 mixed-precision step: portattn's gradients are as close to float32 as eager's.
+
+    Each parameter's error is measured against eager's float32 gradients,
+    relative to their largest entry; portattn may not be worse than eager
+    under the same autocast, beyond bfloat16's own rounding (2**-8).
+    """
+    want = gradients_with(model, "eager")
+    errors = {}
+    for implementation in (PORTATTN, "eager"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = gradients_with(model, implementation)
+        assert got.keys() == want.keys()
+        errors[implementation] = max(
+            ((got[n].float() - want[n]).abs().max() / want[n].abs().max()).item() for n in want
+        )
+    assert errors[PORTATTN] <= max(2 * errors["eager"], 2**-8), errors
+    assert errors[PORTATTN] < 0.1, errors
+
+
 def test_output_attentions(model, arch):
     ids, mask = batch()
     out = {}
