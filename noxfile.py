@@ -41,7 +41,7 @@ CPU_EXTRAS = ".[torch,strict,plot,transformers]"
 # lint runs here too: mypy must see torch and transformers as the code does
 # (without them, subclassing torch.autograd.Function is "subclassing Any").
 CPU_GROUPS = ("test", "bench", "lint")
-CPU_BACKENDS = "numpy,numpy_readonly,torch,array_api_strict,jax"
+CPU_BACKENDS = "numpy,numpy_readonly,torch,array_api_strict,jax,jax32"
 
 # What the default run leaves out (pyproject.toml registers the markers):
 # large-N, LocalCluster and Hugging Face model suites run in tests-extra (CI
@@ -173,6 +173,28 @@ def tests_strict(session: nox.Session) -> None:
 def tests_jax(session: nox.Session) -> None:
     """The default suite on JAX (CPU) only."""
     _pytest(session, "jax", DEFAULT_MARKERS)
+
+
+# The oldest torch pyproject.toml allows: autograd behaviour that changed
+# between versions (asarray(copy=True) in 2.13, setup_context, autocast's
+# device-type queries) is held to the floor here. PyPI's torch 2.5.1 wheel is
+# a CUDA build (906.5 MB, plus nvidia-* wheels), hence its own opt-in session.
+OLDEST_TORCH = "torch==2.5.1"
+
+
+@nox.session(name="tests-torch-oldest", default=False)
+def tests_torch_oldest(session: nox.Session) -> None:
+    """Gradients, autocast and torch.func on the oldest supported torch (a large download)."""
+    _install(session, OLDEST_TORCH, ".[strict]", *_groups("test"))
+    session.run(
+        "pytest",
+        "tests/test_grad.py",
+        "tests/test_lse.py",
+        "-m",
+        DEFAULT_MARKERS,
+        *session.posargs,
+        env={"PORTATTN_BACKENDS": "numpy,torch"},
+    )
 
 
 @_shared(default=False)

@@ -12,7 +12,7 @@ with ``backend.asarray(numpy_array)``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -107,12 +107,25 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
-        metafunc.parametrize("backend_name", backend_names())
+        names = backend_names()
+        if metafunc.definition.get_closest_marker("jax32") is None:
+            # JAX with x64 off runs the tests about integer and float widths
+            # only: the whole suite twice on eager JAX is too slow for CI.
+            names = tuple(n for n in names if n != "jax32")
+        metafunc.parametrize("backend_name", names)
 
 
 @pytest.fixture
-def backend(backend_name: str) -> Backend:
-    return get_backend(backend_name)
+def backend(backend_name: str) -> Iterator[Backend]:
+    got = get_backend(backend_name)
+    if not backend_name.startswith("jax"):
+        yield got
+        return
+    import jax
+
+    # Per test, as JAX's config is global: "jax" with x64, "jax32" without.
+    with jax.enable_x64(backend_name == "jax"):
+        yield got
 
 
 @pytest.fixture
@@ -203,4 +216,4 @@ def make_qkv(
 def impls_for(backend: Backend) -> tuple[str, ...]:
     """The generic impls, and "native" where the library has a kernel of its own (torch, JAX)."""
     generic = ("materialize", "blockwise")
-    return (*generic, "native") if backend.name in ("torch", "jax") else generic
+    return (*generic, "native") if backend.name in ("torch", "jax", "jax32") else generic

@@ -739,3 +739,48 @@ def test_autocast_forward_and_backward(rng, impl, amp, options, inputs):
     for g, w, x in zip(grads, torch.autograd.grad(ref_loss, ref_leaves), (q, k, v), strict=True):
         assert g.dtype == x.dtype
         torch.testing.assert_close(g.double(), w, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("impl", ["materialize", "blockwise"])
+def test_lse_gradient_through_a_broadcast_value(rng, impl):
+    """``value`` alone carries the batch: out and lse are broadcast copies, still in the graph.
+
+    The copy is an ``astype(copy=True)``, differentiable on every torch
+    version (``asarray(copy=True)`` changed its autograd behaviour in 2.13,
+    and warns there).
+    """
+    q, k = _t(rng, 1, 6, 4), _t(rng, 1, 6, 4)
+    v = _t(rng, 3, 6, 2)
+    out, lse = pa.attention(q, k, v, causal=True, return_lse=True, **_kw(impl))
+    assert out.shape == (3, 6, 2) and lse.shape == (3, 6) and lse.requires_grad
+    dq, dk = torch.autograd.grad(lse.sum(), (q, k))
+    _, one = pa.attention(q, k, v[:1], causal=True, return_lse=True, impl="materialize")
+    want_q, want_k = torch.autograd.grad(one.sum(), (q, k))
+    torch.testing.assert_close(dq, 3 * want_q, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dk, 3 * want_k, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("x64", [True, False], ids=["x64", "x64_off"])
+def test_jax_native_grads_finite_when_a_bias_row_is_all_minus_inf(rng, jnp, x64):
+    """The kernel never sees a row with nothing visible, so no NaN reaches the backward.
+
+    Oracle: the materialising path's gradients (which equal the float64
+    formula elsewhere in this file).
+    """
+    import jax
+
+    with jax.enable_x64(x64):
+        q, k, v = (jnp.asarray(rng.standard_normal((2, 5, 4)), dtype=jnp.float32) for _ in range(3))
+        bias = jnp.asarray(rng.standard_normal((5, 5)), dtype=jnp.float32).at[2].set(-jnp.inf)
+
+        def grads(impl):
+            def loss(q, k, v, b):
+                return (pa.attention(q, k, v, bias=b, impl=impl) ** 2).sum()
+
+            return jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, bias)
+
+        got, want = grads("native"), grads("materialize")
+        for g, w in zip(got, want, strict=True):
+            assert bool(jnp.isfinite(g).all())
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
+        assert float(jnp.abs(got[0][:, 2]).max()) == 0.0  # the row that sees nothing

@@ -15,6 +15,7 @@ import portattn as pa
 from portattn.testing import assert_close, to_numpy
 
 from conftest import Backend, assert_close_on, impls_for, make_qkv
+from reference import attention_ref
 
 B, H, D = 2, 3, 4  # values have D features too: jax needs dv == d
 JAX_RTOL = 1e-6  # jax's float32 softmax, see the module docstring
@@ -329,3 +330,61 @@ def test_numpy_integers_as_window_and_block_size(rng):
     np.testing.assert_array_equal(
         pa.attention(q, q, q, window=np.int64(1)), pa.attention(q, q, q, window=1)
     )
+
+
+# --- integer widths: every dtype, extreme values, JAX with x64 on and off -------------
+
+INT_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
+
+
+def _int_dtypes(backend: Backend) -> list[str]:
+    """What the backend holds: no 64-bit integers on JAX without x64; torch's uint64 cannot
+    be compared at all (test_torch_uint64_lengths covers it)."""
+    names = [n for n in INT_DTYPES if hasattr(backend.xp, n)]
+    if backend.name == "jax32":
+        names = [n for n in names if "64" not in n]
+    if backend.name.startswith("torch"):
+        names.remove("uint64")
+    return names
+
+
+@pytest.mark.jax32
+def test_lengths_compare_correctly_in_every_integer_dtype(backend: Backend, rng):
+    """A length at its dtype's maximum shows every key (uint32's 0xFFFFFFFF too, which an
+    int32 cast would make -1), a negative one none, whatever JAX's x64 setting."""
+    xp = backend.xp
+    q, k, v = make_qkv(rng, 4, 5, d=3, batch=(3,))
+    for name in _int_dtypes(backend):
+        info = np.iinfo(name)
+        lengths = np.array([info.max, 2, info.min], dtype=name)
+        want, _ = attention_ref(q, k, v, key_lengths=np.clip(lengths.astype(np.float64), 0, 5))
+        for impl in impls_for(backend):
+            got = pa.attention(
+                *(backend.asarray(a, xp.float32) for a in (q, k, v)),
+                key_lengths=backend.asarray(lengths),
+                query_lengths=backend.asarray(lengths),
+                impl=impl,
+            )
+            rows = np.arange(4) < np.clip(lengths.astype(np.float64), 0, 4)[:, None]
+            assert_close(got, np.where(rows[..., None], want, 0.0), rtol=1e-5)
+
+
+@pytest.mark.jax32
+@pytest.mark.parametrize(
+    "opts",
+    [{"causal": True}, {"causal": "bottom_right"}, {"window": (2, 1)}, {"key_lengths": "kl"}],
+    ids=["causal", "bottom_right", "window", "key_lengths"],
+)
+def test_position_options_agree_and_never_warn(backend: Backend, rng, opts):
+    """portattn's own position arithmetic stays in the namespace's index dtype: no warning
+    (JAX without x64 warns when asked for int64; warnings are errors here)."""
+    xp = backend.xp
+    lq, lk = (5, 7) if opts.get("causal") == "bottom_right" else (6, 6)
+    q, k, v = make_qkv(rng, lq, lk, d=3, batch=(2,))
+    ref_opts = {"key_lengths": np.array([lk, 3])} if "key_lengths" in opts else dict(opts)
+    ours = {"key_lengths": backend.asarray(np.array([lk, 3], dtype=np.int32))}
+    ours = ours if "key_lengths" in opts else dict(opts)
+    want, _ = attention_ref(q, k, v, **ref_opts)
+    for impl in impls_for(backend):
+        got = pa.attention(*(backend.asarray(a, xp.float32) for a in (q, k, v)), impl=impl, **ours)
+        assert_close(got, want, rtol=1e-5)

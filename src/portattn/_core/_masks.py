@@ -14,6 +14,7 @@ from typing import Literal
 from .._lib._checks import check_flag, check_int, check_int_pair
 from .._lib._compat import namespace_library, resolve_namespace
 from .._lib._typing import Array, Device, Namespace
+from ._mods import index_dtype
 
 __all__ = [
     "Align",
@@ -166,8 +167,9 @@ class Structure:
 
     def tile(self, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace, device: Device) -> Array:
         """The boolean mask of the tile ``[q0, q1) x [k0, k1)``, True where allowed."""
-        qi = xp.arange(q0, q1, dtype=xp.int64, device=device)[:, None] + self.offset
-        kj = xp.arange(k0, k1, dtype=xp.int64, device=device)[None, :]
+        ints = index_dtype(xp=xp, device=device)  # int64; int32 under JAX without x64
+        qi = xp.arange(q0, q1, dtype=ints, device=device)[:, None] + self.offset
+        kj = xp.arange(k0, k1, dtype=ints, device=device)[None, :]
         if self.causal:
             allowed = kj <= qi
         else:

@@ -31,10 +31,11 @@ from .._lib._checks import (
     dtype_name,
     has_kind,
 )
-from .._lib._compat import matrix_transpose
+from .._lib._compat import matrix_transpose, namespace_library
 from .._lib._precision import compute_dtype
 from .._lib._typing import Array, Device, DType, Namespace
 from ._masks import Structure, length_mask, normalize_causal, normalize_window
+from ._mods import index_dtype
 from ._variant import Variant
 
 __all__ = ["Problem", "Variant", "empty_result", "empty_scores", "expand", "prepare"]
@@ -267,7 +268,14 @@ def _batch(
 
 
 def _laid_out(
-    asked: Variant, options: list[tuple[str, Array]], nb: int, work: DType, *, xp: Namespace
+    asked: Variant,
+    options: list[tuple[str, Array]],
+    nb: int,
+    work: DType,
+    sizes: tuple[int, int],
+    *,
+    xp: Namespace,
+    device: Device,
 ) -> Variant:
     """``asked`` with its arrays aligned to ``nb`` batch axes, floating ones in ``work``.
 
@@ -275,16 +283,17 @@ def _laid_out(
     costs a small call about a microsecond.
     """
     changed = []
+    lq, lk = sizes
     for name, x in options:
         spec = Variant.ARRAYS[name]
         y = x
         if spec.kind == "floating":
             y = _as(y, work, xp=xp)
-        elif spec.kind == "lengths" and y.dtype != xp.int64 and y.dtype != xp.int32:
-            # Compared with positions in int64 whatever their own dtype: int8
-            # lengths would wrap past 127 (showing padded keys), and torch
-            # cannot compare uint64 with int64 at all.
-            y = xp.astype(y, xp.int64)
+        elif spec.kind == "lengths":
+            # Compared with positions in one wide index dtype whatever their
+            # own: int8 lengths would wrap past 127 (showing padded keys),
+            # and torch cannot compare uint64 with int64 at all.
+            y = _lengths(y, lk if name == "key_lengths" else lq, xp=xp, device=device)
         y = _align(y, nb + 2 if spec.layout == "scores" else nb, xp=xp)
         if y is not x:
             changed.append((name, y))
@@ -316,7 +325,7 @@ def _validate(
     if key.dtype != out_dtype or (value is not None and value.dtype != out_dtype):
         out_dtype = xp.result_type(*(x.dtype for _, x in arrays))
     work = compute_dtype(out_dtype, xp=xp)
-    variant = _laid_out(asked, options, len(batch), work, xp=xp)
+    variant = _laid_out(asked, options, len(batch), work, (lq, lk), xp=xp, device=dev)
     return batch, structure, out_dtype, work, dev, scale_value, variant
 
 
@@ -401,6 +410,28 @@ def _problem(
             v = xp.where(keep, v, 0.0)
     # Positional, in field order: keywords cost a small call half a microsecond.
     return Problem(q, k, v, variant, structure, batch, out_dtype, dev, scale_value)
+
+
+def _lengths(x: Array, n: int, *, xp: Namespace, device: Device) -> Array:
+    """Lengths along an axis of size ``n`` in the index dtype.
+
+    int32 stays int32; anything else becomes the namespace's index dtype
+    (int64, or int32 under JAX without x64: asking for int64 there would warn
+    and silently give int32). Where that cast could wrap (uint32's 0xFFFFFFFF
+    is -1 as int32, uint64 past 2**63 is negative as int64), the lengths are
+    first clipped to ``[0, n]`` in their own dtype, which shows the same
+    keys. torch has no arithmetic on uint64: its values past 2**63 are not
+    lengths anyone has, and are cast as they are.
+    """
+    target = index_dtype(xp=xp, device=device)
+    if x.dtype == target or x.dtype == xp.int32:
+        return x
+    have, want = xp.iinfo(x.dtype), xp.iinfo(target)
+    if have.max > want.max and not (namespace_library(xp) == "torch" and have.bits == 64):
+        x = xp.clip(x, None, min(n, have.max))
+    if have.min < want.min:
+        x = xp.clip(x, 0, None)
+    return xp.astype(x, target)
 
 
 def _check_softcap(softcap: object) -> float:

@@ -43,6 +43,8 @@ BACKENDS: tuple[BackendSpec, ...] = (
     BackendSpec("cupy", "CuPy", "CUDA", "cupy-cuda12x", _HALF, gpu=True),
     BackendSpec("array_api_strict", "array-api-strict", "CPU", "array-api-strict", _HALF[1:]),
     BackendSpec("jax", "JAX", "CPU", "jax", _HALF_BF),
+    # JAX's own default: without x64, int64 and float64 silently become 32-bit.
+    BackendSpec("jax32", "JAX (x64 off)", "CPU", "jax", _HALF_BF[:-1], variant=True),
 )
 
 
@@ -76,7 +78,9 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 def load(name: str) -> Loaded:
     """Import backend ``name``, or raise ImportError/RuntimeError saying why it cannot run.
 
-    Loading ``jax`` turns on ``jax_enable_x64`` so that float64 stays float64.
+    Loading ``jax`` turns on ``jax_enable_x64`` so that float64 stays float64;
+    ``jax32`` leaves the setting alone (off unless something turned it on):
+    the test matrix runs each test inside ``jax.enable_x64(...)`` for it.
     """
     s = spec(name)
     import array_api_compat
@@ -117,7 +121,8 @@ def load(name: str) -> Loaded:
         return Loaded(s, xps, xps.Device("CPU_DEVICE"), (), xps.asarray)
     # jax
     jax = importlib.import_module("jax")
-    jax.config.update("jax_enable_x64", True)
+    if name == "jax":
+        jax.config.update("jax_enable_x64", True)
     jnp = importlib.import_module("jax.numpy")
     cpu = jax.devices("cpu")[0]
     return Loaded(s, jnp, cpu, (jnp.float16, jnp.bfloat16), lambda a: jax.device_put(a, cpu))

@@ -227,6 +227,12 @@ def _jax(
     def scores_like(x: Array | None) -> Array | None:  # (..., Lq, Lk) -> (B, 1, Lq, Lk)
         return None if x is None else xp.reshape(xp.broadcast_to(x, shape), (flat, 1, lq, lk))
 
+    seen = _visible_rows(allowed, bias, xp=xp)
+    if seen is not None and bias is not None:
+        # A row whose bias is all -inf makes the kernel's softmax NaN, and the
+        # where() below cannot stop that NaN in the backward (0 * NaN = NaN):
+        # such rows get bias 0 before the kernel, and 0 output after it.
+        bias = xp.where(seen, bias, 0.0)
     out = jax.nn.dot_product_attention(
         heads_last(p.q, lq),
         heads_last(p.k, lk),
@@ -239,5 +245,4 @@ def _jax(
     out = xp.reshape(out, (*p.batch, lq, p.dv))
     # Rows that see nothing are 0 by portattn's contract (JAX spreads their
     # weight uniformly).
-    seen = _visible_rows(allowed, bias, xp=xp)
     return out if seen is None else xp.where(seen, out, 0.0)
