@@ -74,7 +74,7 @@ def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 
 
-def measured_markdown() -> str:
+def measured_markdown(*, lang: str = "en") -> str:
     """The paragraph saying where and how the record was measured."""
     rec = record()
     if not rec:
@@ -86,27 +86,30 @@ def measured_markdown() -> str:
         for b in m.get("blas", []) or []
     )
     parts = [
-        f"**Measured** {str(rec.get('date', '?'))[:10]} on {m.get('cpu', '?')}, "
-        f"{m.get('cores', '?')} cores (Python {m.get('python', '?')}, NumPy "
-        f"{m.get('numpy', '?')}{' with ' + blas if blas else ''}; torch {m.get('torch', '?')}"
-        f" with {m.get('torch_threads', '?')} threads)."
+        t(
+            "perf_measured",
+            lang,
+            date=str(rec.get("date", "?"))[:10],
+            cpu=m.get("cpu", "?"),
+            cores=m.get("cores", "?"),
+            python=m.get("python", "?"),
+            numpy=m.get("numpy", "?"),
+            blas=t("perf_blas", lang, blas=blas) if blas else "",
+            torch=m.get("torch", "?"),
+            threads=m.get("torch_threads", "?"),
+        )
     ]
     if "load_before" in rec:
         parts.append(
-            f"Load average {rec.get('load_before')} before the run and {rec.get('load_after')} "
-            "after: other work shared the cores, so compare ratios within the run rather "
-            "than absolute times."
+            t("perf_load", lang, before=rec.get("load_before"), after=rec.get("load_after"))
         )
     out = " ".join(parts) + "\n\n"
     c = rec.get("config", {}) or {}
     if c:
-        out += (
-            f"Shapes: B={c.get('B')}, H={c.get('H')}, d={c.get('d')}, {c.get('dtype')}. "
-            "Throughput counts 4·B·H·Lq·Lk·d FLOPs (halved for causal), over the median "
-            "of interleaved runs.\n\n"
-        )
+        shapes = {k: c.get(k) for k in ("B", "H", "d", "dtype")}
+        out += t("perf_shapes", lang, **shapes) + "\n\n"
     for s in rec.get("skipped", []) or []:
-        out += f"Not measured: {s}.\n\n"
+        out += t("perf_skipped", lang, what=s) + "\n\n"
     return out
 
 
@@ -179,7 +182,7 @@ def _pivot(
     )
 
 
-def throughput_tables() -> str:
+def throughput_tables(*, lang: str = "en") -> str:
     """Pivot tables N by subject, one per (causal, library): GFLOP/s."""
     rows = [r for r in record().get("throughput", []) or [] if isinstance(r, dict)]
     rows = [r for r in rows if _num(r.get("n")) is not None and "subject" in r]
@@ -190,14 +193,14 @@ def throughput_tables() -> str:
         part = [r for r in rows if bool(r.get("causal")) == causal]
         for lib in _order(split(r)[0] for r in part):
             mine = [r for r in part if split(r)[0] == lib]
-            what = "causal" if causal else "not causal"
+            what = t("causal" if causal else "not_causal", lang)
             out.append(
                 '<div class="pa-table-wrap">'
                 + _pivot(
                     mine,
                     "gflops",
                     "{:.1f}",
-                    f"GFLOP/s, {lib}, {what}",
+                    t("perf_gflops_caption", lang, lib=lib, what=what),
                     f"throughput-{lib}-{'causal' if causal else 'full'}",
                     short=True,
                 )
@@ -255,7 +258,7 @@ def memory_figure(*, lang: str = "en") -> str:
     )
 
 
-def memory_table() -> str:
+def memory_table(*, lang: str = "en") -> str:
     """Pivot N by subject: peak MiB."""
     rows = [r for r in record().get("memory", []) or [] if isinstance(r, dict)]
     rows = [r for r in rows if _num(r.get("n")) is not None and "subject" in r]
@@ -266,12 +269,12 @@ def memory_table() -> str:
     ]
     return (
         '<div class="pa-table-wrap">'
-        + _pivot(mib, "peak_mib", "{:.1f}", "Peak extra MiB", "memory")
+        + _pivot(mib, "peak_mib", "{:.1f}", t("perf_peak_caption", lang), "memory")
         + "</div>"
     )
 
 
-def small_calls_markdown() -> str:
+def small_calls_markdown(*, lang: str = "en") -> str:
     """The per-call overhead table at the chapter's size."""
     ch = record().get("chapter", {}) or {}
     med = ch.get("median_us", {}) or {}
@@ -280,7 +283,7 @@ def small_calls_markdown() -> str:
         return "Not in this record.\n"
     peers = ch.get("peers", {}) or {}
     lines = [
-        "| call | median µs | × its peer | peer |",  # noqa: RUF001
+        t("perf_calls_head", lang),
         "| --- | ---: | ---: | --- |",
     ]
     for name, us in med.items():
@@ -303,13 +306,13 @@ _TRAINING_TARGET = 0.5
 _SMALL_CALL_TARGET = 2.0
 
 
-def _verdict(value: float | None, ok: bool) -> str:
+def _verdict(value: float | None, ok: bool, lang: str = "en") -> str:
     if value is None:
-        return "not measured"
-    return "met" if ok else "**missed**"
+        return t("perf_not_measured", lang)
+    return t("perf_met" if ok else "perf_missed", lang)
 
 
-def targets_markdown(n: int = 2048) -> str:
+def targets_markdown(n: int = 2048, *, lang: str = "en") -> str:
     """Every target of the performance round, read from the record, marked met or missed."""
     rec = record()
     rows = {
@@ -318,7 +321,7 @@ def targets_markdown(n: int = 2048) -> str:
         if isinstance(r, dict)
     }
     lines = [
-        "| what (against torch SDPA, same run) | target | not causal | causal |",
+        t("perf_targets_head", lang),
         "| --- | ---: | ---: | ---: |",
     ]
     for subject, target in _THROUGHPUT_TARGETS:
@@ -326,7 +329,9 @@ def targets_markdown(n: int = 2048) -> str:
         for causal in (False, True):
             x = _num((rows.get((subject, n, causal)) or {}).get("vs_sdpa"))
             cells.append(
-                "not measured" if x is None else f"{x:.2f}× ({_verdict(x, x >= target)})"  # noqa: RUF001
+                _verdict(None, False, lang)
+                if x is None
+                else f"{x:.2f}× ({_verdict(x, x >= target, lang)})"  # noqa: RUF001
             )
         lines.append(f"| {subject}, N={n} | ≥ {target}× | {cells[0]} | {cells[1]} |")  # noqa: RUF001
     native = [
@@ -334,11 +339,8 @@ def targets_markdown(n: int = 2048) -> str:
         for causal in (False, True)
     ]
     if any(x is not None for x in native):
-        cells = ["not measured" if x is None else f"{x:.2f}×" for x in native]  # noqa: RUF001
-        lines.append(
-            f"| portattn torch native, N={n}: the same SDPA call `auto` makes, "
-            f"so its distance from 1.00× is this run's noise | — | {cells[0]} | {cells[1]} |"  # noqa: RUF001
-        )
+        cells = [_verdict(None, False, lang) if x is None else f"{x:.2f}×" for x in native]  # noqa: RUF001
+        lines.append(f"| {t('perf_native_row', lang, n=n)} | — | {cells[0]} | {cells[1]} |")
     train = [
         r for r in (rec.get("training", {}) or {}).get("rows", []) or [] if isinstance(r, dict)
     ]
@@ -357,10 +359,12 @@ def targets_markdown(n: int = 2048) -> str:
             )
             x = _num(r.get("vs_sdpa"))
             cells.append(
-                "not measured" if x is None else f"{x:.2f}× ({_verdict(x, x >= _TRAINING_TARGET)})"  # noqa: RUF001
+                _verdict(None, False, lang)
+                if x is None
+                else f"{x:.2f}× ({_verdict(x, x >= _TRAINING_TARGET, lang)})"  # noqa: RUF001
             )
         lines.append(
-            f"| blockwise forward + backward, torch, N={tn} | ≥ {_TRAINING_TARGET}× | "  # noqa: RUF001
+            f"| {t('perf_training_row', lang, n=tn)} | ≥ {_TRAINING_TARGET}× | "  # noqa: RUF001
             f"{cells[0]} | {cells[1]} |"
         )
     ch = rec.get("chapter", {}) or {}
@@ -369,18 +373,18 @@ def targets_markdown(n: int = 2048) -> str:
 
     def small(x: float | None) -> str:
         if x is None:
-            return "not measured"
-        return f"{x:.2f}× ({_verdict(x, x <= _SMALL_CALL_TARGET)})"  # noqa: RUF001
+            return _verdict(None, False, lang)
+        return f"{x:.2f}× ({_verdict(x, x <= _SMALL_CALL_TARGET, lang)})"  # noqa: RUF001
 
     lines.append(
-        f"| a 6 × 8 call, against the hand-written NumPy formula (causal: with the mask) | "  # noqa: RUF001
+        f"| {t('perf_small_row', lang)} | "
         f"≤ {_SMALL_CALL_TARGET}× | "  # noqa: RUF001
         f"{small(plain)} | {small(causal_r)} |"
     )
     return "\n".join(lines) + "\n"
 
 
-def tile_markdown() -> str:
+def tile_markdown(*, lang: str = "en") -> str:
     """Per-pass tile times, and a whole call built up from its matmuls: the ceiling."""
     prof = record().get("profile", {}) or {}
     libs = [lib for lib in prof if isinstance(prof[lib], dict)]
@@ -392,9 +396,9 @@ def tile_markdown() -> str:
         med = p.get("median_us", {}) or {}
         share = p.get("share", {}) or {}
         out += [
-            f"**{lib}**, one tile of shape {p.get('tile')}:",
+            t("perf_tile", lang, lib=lib, tile=p.get("tile")),
             "",
-            "| pass | µs | share |",
+            t("perf_tile_head", lang),
             "| --- | ---: | ---: |",
         ]
         for name, us in med.items():
@@ -404,7 +408,7 @@ def tile_markdown() -> str:
         call = p.get("call_ms", {}) or {}
         if call:
             out += [
-                f"A whole N = 2048 call on {lib}, built up (ms, median of interleaved rounds):",
+                t("perf_buildup", lang, lib=lib),
                 "",
                 "| | ms | SDPA ÷ this |",
                 "| --- | ---: | ---: |",
@@ -413,27 +417,28 @@ def tile_markdown() -> str:
             for name, ms in call.items():
                 r = f"{sdpa / float(ms):.2f}" if sdpa and _num(ms) else "—"
                 out.append(f"| {name} | {float(ms):.1f} | {r} |")
-            out += ["", _gap_sentence(lib, p, call)]
+            out += ["", _gap_sentence(lib, p, call, lang=lang)]
         out.append("")
     return "\n".join(out) + "\n"
 
 
-def training_markdown() -> str:
+def training_markdown(*, lang: str = "en") -> str:
     """Forward + backward rows: time against SDPA and peak memory against the I/O."""
     tr = record().get("training", {}) or {}
     rows = [r for r in tr.get("rows", []) or [] if isinstance(r, dict)]
     if not rows:
         return "The record holds no forward + backward rows.\n"
     lines = [
-        f"Backward of the blockwise path in the recorded run: {tr.get('backward', '?')}.",
+        t("perf_backward", lang, what=tr.get("backward", "?")),
         "",
-        "| N | causal | subject | median ms | × SDPA | peak MiB | peak ÷ I/O |",  # noqa: RUF001
+        t("perf_training_head", lang),
         "| ---: | :---: | --- | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         ratio = _num(r.get("peak_over_io"))
+        causal = t("yes" if r.get("causal") else "no", lang)
         lines.append(
-            f"| {r.get('n')} | {'yes' if r.get('causal') else 'no'} | {r.get('subject')} | "
+            f"| {r.get('n')} | {causal} | {r.get('subject')} | "
             f"{float(r.get('median_s', 0)) * 1e3:.1f} | {float(r.get('vs_sdpa', 0)):.2f} | "
             f"{float(r.get('peak_bytes', 0)) / 2**20:.1f} | "
             f"{f'{ratio:.2f}' if ratio is not None else '—'} |"
@@ -441,7 +446,7 @@ def training_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def small_call_stages_markdown() -> str:
+def small_call_stages_markdown(*, lang: str = "en") -> str:
     """Each stage of a 6 x 8 call timed on its own, against the hand-written formula."""
     ch = record().get("chapter", {}) or {}
     stages = ch.get("stages_us", {}) or {}
@@ -449,16 +454,18 @@ def small_call_stages_markdown() -> str:
     if not stages or hand is None:
         return "The record holds no stage timings.\n"
     lines = [
-        "| stage (timed on its own) | µs | × the hand-written call |",  # noqa: RUF001
+        t("perf_stages_head", lang),
         "| --- | ---: | ---: |",
-        f"| hand-written NumPy, the whole call | {hand:.2f} | 1.00 |",
+        f"| {t('perf_hand', lang)} | {hand:.2f} | 1.00 |",
     ]
     for name, us in stages.items():
         lines.append(f"| {name} | {float(us):.2f} | {float(us) / hand:.2f} |")
     return "\n".join(lines) + "\n"
 
 
-def _gap_sentence(lib: str, p: dict[str, Any], call: dict[str, Any], n: int = 2048) -> str:
+def _gap_sentence(
+    lib: str, p: dict[str, Any], call: dict[str, Any], n: int = 2048, *, lang: str = "en"
+) -> str:
     """What separates portattn's call from SDPA's, from the build-up and the per-pass times."""
     sdpa = _num(call.get("torch SDPA"))
     floor = _num(call.get("two matmuls + exp per tile"))
@@ -475,14 +482,15 @@ def _gap_sentence(lib: str, p: dict[str, Any], call: dict[str, Any], n: int = 20
     )
     passes = other_us * tiles / 1e3
     rest = ours - floor - passes
-    return (
-        f"On {lib}, the two matmuls and one `exp` per tile, with nothing else, run at "
-        f"{sdpa / floor:.2f}× SDPA: the ceiling of a composition of separate array "  # noqa: RUF001
-        f"operations on this machine. portattn's call takes {ours - floor:.1f} ms more than "
-        f"that floor: the other passes above (row max, subtraction, row sum) account for "
-        f"{passes:.1f} ms over the call's {tiles} tiles, and the remaining {rest:.1f} ms is "
-        "the online softmax's rescaling of its running sums between key blocks, the "
-        "writing of each query block's output, and the dispatch between operations."
+    return t(
+        "perf_gap",
+        lang,
+        lib=lib,
+        floor_ratio=sdpa / floor,
+        more=ours - floor,
+        passes=passes,
+        tiles=tiles,
+        rest=rest,
     )
 
 
