@@ -157,3 +157,30 @@ def test_native_hands_torch_four_d_tensors(rng, monkeypatch, batch, kw):
     assert seen and set(seen) == {4}
     assert got.shape == (*batch, 5, 4)
     np.testing.assert_allclose(to_numpy(got), to_numpy(want), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [{"window": (1, 0)}, {"causal": True, "bias": "zeros"}, {"mask": "tril"}, {"causal": True}],
+    ids=["window", "causal_bias", "mask", "causal"],
+)
+def test_auto_agrees_with_generic_paths_on_an_inf_key_hidden_by_position(rng, opts):
+    """The generic paths never see a hidden key's scores; torch's kernel with a mask does
+    (NaN rows, documented): auto checks the keys and stays on the generic path then."""
+    import torch
+
+    q, k, v = (torch.from_numpy(rng.standard_normal((2, 6, 4))) for _ in range(3))
+    k[:, -1] = float("inf")
+    kw = dict(opts)
+    if kw.get("bias") == "zeros":
+        kw["bias"] = torch.zeros(6, 6, dtype=torch.float64)
+    if kw.get("mask") == "tril":
+        kw["mask"] = torch.ones(6, 6, dtype=torch.bool).tril()
+    want = pa.attention(q, k, v, impl="materialize", **kw)
+    assert torch.isfinite(want[:, :-1]).all()
+    for impl in ("blockwise", "auto"):
+        got = pa.attention(q, k, v, impl=impl, **kw)
+        torch.testing.assert_close(got[:, :-1], want[:, :-1], rtol=1e-12, atol=1e-12)
+    native = pa.attention(q, k, v, impl="native", **kw)
+    if "causal" in opts and len(opts) == 1:  # the kernel's own is_causal skips hidden keys
+        torch.testing.assert_close(native[:, :-1], want[:, :-1], rtol=1e-12, atol=1e-12)

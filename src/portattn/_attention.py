@@ -144,8 +144,9 @@ def attention(
     Padding: keys and values at positions ``>= key_lengths`` are replaced by
     zeros before any arithmetic, so whatever they hold (inf and NaN
     included) never reaches the output, on every ``impl``. Lengths of any
-    integer dtype (int8, uint8, torch's uint64, ...) are compared with
-    positions in a wide integer type.
+    integer dtype (int8, uint8, uint32, torch's uint64, ...) are compared
+    with positions correctly, whatever JAX's x64 setting: lengths past the
+    axis mean all of it, negative ones none.
 
     Positions hidden only by ``mask``, ``causal`` or ``window`` are not
     sanitised: their weight is an exact 0, so *finite* hidden keys and
@@ -155,6 +156,10 @@ def attention(
     it is hidden from NaN (``0 * inf = NaN``), on the materialising path and
     in every key block the blockwise path reads (it skips only blocks that
     ``causal``/``window`` hide entirely). Use ``key_lengths`` for padding.
+    An inf or NaN hidden *key* is harmless on the generic paths (its scores
+    are replaced by ``-inf``), but torch's kernel adds a mask to the scores
+    it formed, so ``impl="native"`` with a mask, window or bias gives NaN
+    rows there; ``"auto"`` checks the keys and stays off the kernel then.
 
     Range: the scaled scores are formed in the compute dtype. A score whose
     magnitude overflows it (above about 3.4e38 in float32, 1.8e308 in

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 
 from .._core._problem import Problem, empty_result
-from .._lib._compat import namespace_library
+from .._lib._compat import is_concrete, namespace_library
 from .._lib._typing import Array, Namespace
 
 __all__ = ["auto_delegates", "native_attention", "refusal"]
@@ -87,11 +87,19 @@ def auto_delegates(
       key-length mask is one row per batch entry; any other position mask is
       (Lq, Lk), which is as much as materialising costs for small calls but
       more than the blockwise path needs for long ones.
+    - Only where no key that a mask handed to the kernel hides is inf or
+      NaN: the generic paths replace hidden scores by ``-inf`` and never see
+      such a key, while the kernel adds its mask to the scores it formed
+      (NaN rows). The kernel's own ``is_causal`` skips hidden keys, so plain
+      causal calls need no check; others pay one reduction over the keys and
+      a host read, where the keys can be read (not under ``torch.compile``).
     """
     if namespace_library(xp) != "torch" or refusal(p, return_lse=return_lse, xp=xp) is not None:
         return False
     if p.lq == 0 or p.lk == 0 or _kernel_causal(p):
         return True
+    if not _hidden_keys_finite(p, xp=xp):
+        return False
     pairs = p.lq * p.lk
     batch = math.prod(p.batch)
     if pairs <= materialize_max_pairs:
@@ -99,6 +107,14 @@ def auto_delegates(
     else:
         budget = batch * (p.lq + 2 * p.lk) * p.q.shape[-1]  # q, k, v: blockwise's scale
     return _mask_elements(p) <= budget
+
+
+def _hidden_keys_finite(p: Problem, *, xp: Namespace) -> bool:
+    """False when a key may be hidden from some row and some key is inf or NaN (concrete only)."""
+    hides = not p.structure.trivial or p.variant.mask is not None or p.variant.bias is not None
+    if not hides or not is_concrete(p.k):
+        return True
+    return bool(xp.all(xp.isfinite(p.k)))
 
 
 def _kernel_causal(p: Problem) -> bool:
