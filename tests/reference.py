@@ -102,3 +102,58 @@ def lse_ref(q: np.ndarray, k: np.ndarray, **options: Any) -> np.ndarray:
             row = flat_s[r][flat_ok[r]]
             flat_out[r] = row.max() + np.log(np.exp(row - row.max()).sum())
     return out
+
+
+def flex_ref(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    score_mod: object = None,
+    mask_mod: object = None,
+    sinks: np.ndarray | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    bias: np.ndarray | None = None,
+    allowed: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(output, weights, lse) in float64 for 4-D (B, H, L, d) inputs, FlexAttention's model.
+
+    ``score_mod``/``mask_mod`` are called once on the whole score matrix with
+    NumPy index arrays; key/value heads fewer than the query's are shared by
+    groups of query heads (GQA); ``allowed`` is any other boolean mask. The
+    sink is one extra logit per (batch, head) whose value is 0.
+    """
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    nb, nh, lq, d = q.shape
+    g = nh // k.shape[1]
+    k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    lk = k.shape[-2]
+    s = (q @ np.swapaxes(k, -1, -2)) * (1 / np.sqrt(d) if scale is None else scale)
+    if softcap is not None:
+        s = np.tanh(s / softcap) * softcap
+    if bias is not None:
+        s = s + np.asarray(bias, dtype=np.float64)
+    b = np.arange(nb).reshape(-1, 1, 1, 1)
+    h = np.arange(nh).reshape(1, -1, 1, 1)
+    qi = np.arange(lq).reshape(1, 1, -1, 1)
+    ki = np.arange(lk).reshape(1, 1, 1, -1)
+    if score_mod is not None:
+        s = np.asarray(score_mod(s, b, h, qi, ki), dtype=np.float64)  # type: ignore[operator]
+    ok = np.ones(s.shape, dtype=bool)
+    if mask_mod is not None:
+        ok = ok & np.asarray(mask_mod(b, h, qi, ki))  # type: ignore[operator]
+    if allowed is not None:
+        ok = ok & allowed
+    ok = ok & (s > -np.inf)
+    s = np.where(ok, s, -np.inf)
+    sink = np.full((nb, nh), -np.inf) if sinks is None else np.broadcast_to(sinks, (nb, nh))
+    sink = sink[..., None, None]  # (B, H, 1, 1)
+    top = np.maximum(np.max(s, axis=-1, keepdims=True, initial=-np.inf), sink)  # (B, H, Lq, 1)
+    top = np.where(np.isinf(top), 0.0, top)
+    e = np.where(ok, np.exp(np.where(ok, s, 0.0) - top), 0.0)
+    total = e.sum(axis=-1, keepdims=True) + np.exp(sink - top)
+    w = e / np.where(total > 0, total, 1.0)
+    with np.errstate(divide="ignore"):
+        lse = np.where(total > 0, top + np.log(np.where(total > 0, total, 1.0)), -np.inf)[..., 0]
+    return w @ v, w, lse

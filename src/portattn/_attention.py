@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+from ._core._block_mask import BlockMask
 from ._core._masks import Causal
+from ._core._mods import ScoreMod
 from ._core._problem import Problem, prepare
 from ._grad._autodiff import blockwise_attention
 from ._lib._checks import check_array, check_flag, check_int_pair
@@ -27,8 +29,8 @@ __all__ = ["IMPLS", "Impl", "attention", "attention_weights", "solve", "solve_we
 Impl = Literal["auto", "materialize", "blockwise", "native"]
 #: The values ``impl=`` takes, in the order errors list them.
 IMPLS: tuple[str, ...] = get_args(Impl)
-_ARRAY_NAMES = ("query", "key", "value", "mask", "bias", "key_lengths", "query_lengths")
-_WEIGHTS_NAMES = ("query", "key", "mask", "bias", "key_lengths", "query_lengths")
+_ARRAY_NAMES = ("query", "key", "value", "mask", "bias", "key_lengths", "query_lengths", "sinks")
+_WEIGHTS_NAMES = ("query", "key", "mask", "bias", "key_lengths", "query_lengths", "sinks")
 
 
 def attention(
@@ -48,6 +50,9 @@ def attention(
     impl: Impl = "auto",
     block_size: int | tuple[int, int] | None = None,
     return_lse: bool = False,
+    score_mod: ScoreMod | None = None,
+    block_mask: BlockMask | None = None,
+    sinks: Array | None = None,
 ) -> Array | tuple[Array, Array]:
     r"""Scaled dot-product attention, :math:`\mathrm{softmax}(QK^\top s + B)\,V`.
 
@@ -118,7 +123,35 @@ def attention(
     return_lse : bool, optional
         Also return the log-sum-exp of each row's scores, shape (..., Lq),
         in the compute dtype (``-inf`` for a row that sees nothing), so
-        results over disjoint key chunks can be merged exactly.
+        results over disjoint key chunks can be merged exactly. With
+        ``sinks`` the sink counts as one more logit of the row:
+        ``lse = log(exp(sink) + sum_j exp(s_j))`` (``sink`` for a row that
+        sees nothing), so a result with sinks merges exactly
+        (:func:`merge_attention`) with results over the other key chunks
+        computed *without* them.
+    score_mod : callable, optional
+        ``score_mod(score, b, h, q_idx, kv_idx) -> array``, FlexAttention's
+        convention: returns the modified scores, of the shape of ``score``.
+        It sees the scores of a tile (B, H, Tq, Tk) after ``scale``,
+        ``softcap`` and ``bias``; ``b`` (B, 1, 1, 1), ``h`` (1, H, 1, 1),
+        ``q_idx`` (1, 1, Tq, 1) and ``kv_idx`` (1, 1, 1, Tk) are integer
+        arrays of the inputs' library and device holding absolute
+        positions, so a mod is ordinary elementwise array code. A result
+        of a wider dtype is cast back to the compute dtype. ``h`` is the
+        query head. Gradients flow to the floating arrays it captures
+        (torch tensors that require grad, traced JAX values).
+    block_mask : BlockMask, optional
+        From :func:`create_block_mask`: which (query block, key block)
+        tiles its ``mask_mod`` leaves empty, full or partial. The blockwise
+        path (forward and backward) and dask's pair tasks never read keys
+        of an empty tile nor call ``score_mod`` on it, and call
+        ``mask_mod`` only on partial tiles. ``score_mod`` and
+        ``block_mask`` need 4-D (B, H, L, d) inputs.
+    sinks : real floating array, optional
+        One logit per (batch, head), broadcastable to the leading shape
+        (for example (H,) for (B, H, L, d) inputs), added to each row's
+        softmax denominator as ``exp(sink)`` (gpt-oss's attention sinks):
+        a row that sees no key outputs 0. Has a gradient.
 
     Returns
     -------
@@ -167,6 +200,11 @@ def attention(
     other rows are unaffected. Scale such inputs down, or compute in
     float64. Inputs wider than float64 (``np.longdouble``) are refused.
 
+    Grouped-query attention: 4-D inputs whose key and value have fewer
+    heads ``Hkv`` than the query's ``H`` (``H`` a multiple of ``Hkv``) are
+    read as SDPA's ``enable_gqa``: query head ``h`` reads key/value head
+    ``h // (H // Hkv)``.
+
     Gradients: every ``impl`` differentiates under torch autograd and
     ``jax.grad``. The blockwise path has its own FlashAttention-2 backward,
     written once in the array API (tiles recomputed from the saved
@@ -200,7 +238,7 @@ def attention(
     """
     check_array("value", value)  # prepare() reads value=None as a weights-only call
     xp = array_namespace(
-        query, key, value, mask, bias, key_lengths, query_lengths, names=_ARRAY_NAMES
+        query, key, value, mask, bias, key_lengths, query_lengths, sinks, names=_ARRAY_NAMES
     )
     p = prepare(
         query,
@@ -214,6 +252,9 @@ def attention(
         key_lengths=key_lengths,
         query_lengths=query_lengths,
         softcap=softcap,
+        score_mod=score_mod,
+        block_mask=block_mask,
+        sinks=sinks,
         xp=xp,
     )
     return solve(p, impl=impl, block_size=block_size, return_lse=return_lse, xp=xp)
@@ -292,12 +333,16 @@ def attention_weights(
     key_lengths: Array | None = None,
     query_lengths: Array | None = None,
     softcap: float | None = None,
+    score_mod: ScoreMod | None = None,
+    block_mask: BlockMask | None = None,
+    sinks: Array | None = None,
 ) -> Array:
     """The attention weights ``softmax(Q Kᵀ · scale + bias)``, shape (..., Lq, Lk).
 
     Takes the same options as :func:`attention` (other than ``value``) with
     the same meaning. Each row sums to 1, or is all zeros when every key is
-    hidden from it.
+    hidden from it (with ``sinks``, to ``1 - exp(sink - lse)``: the sink
+    takes its share).
 
     Parameters
     ----------
@@ -306,6 +351,8 @@ def attention_weights(
     key : array, shape (..., Lk, d)
         Keys, as in :func:`attention`.
     mask, bias, causal, scale, window, key_lengths, query_lengths, softcap
+        As in :func:`attention`.
+    score_mod, block_mask, sinks
         As in :func:`attention`.
 
     Returns
@@ -323,7 +370,9 @@ def attention_weights(
            [0.5       , 0.5       , 0.        ],
            [0.33333334, 0.33333334, 0.33333334]], dtype=float32)
     """
-    xp = array_namespace(query, key, mask, bias, key_lengths, query_lengths, names=_WEIGHTS_NAMES)
+    xp = array_namespace(
+        query, key, mask, bias, key_lengths, query_lengths, sinks, names=_WEIGHTS_NAMES
+    )
     p = prepare(
         query,
         key,
@@ -336,6 +385,9 @@ def attention_weights(
         key_lengths=key_lengths,
         query_lengths=query_lengths,
         softcap=softcap,
+        score_mod=score_mod,
+        block_mask=block_mask,
+        sinks=sinks,
         xp=xp,
     )
     return solve_weights(p, xp=xp)

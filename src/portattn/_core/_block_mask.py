@@ -81,6 +81,18 @@ class BlockMask:
         self._merged = merged.astype(np.int8)
         self._merged.flags.writeable = False
         self._key_blocks = tuple(tuple(int(j) for j in np.flatnonzero(row)) for row in merged)
+        # Plain ints, so attention reads a tile's kind without touching NumPy:
+        # torch.compile would turn a NumPy read into a traced tensor op.
+        self._table = tuple(tuple(int(x) for x in row) for row in merged)
+
+    @property
+    def table(self) -> tuple[tuple[int, ...], ...]:
+        """The kinds reduced over batch and heads (as :meth:`tile_kind` without ``b``, ``h``).
+
+        Nested tuples of plain ints, one row per query block: what the
+        attention paths read per tile, built once with the mask.
+        """
+        return self._table
 
     @property
     def num_blocks(self) -> tuple[int, int]:

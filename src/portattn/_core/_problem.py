@@ -34,6 +34,7 @@ from .._lib._checks import (
 from .._lib._compat import matrix_transpose, namespace_library
 from .._lib._precision import compute_dtype
 from .._lib._typing import Array, Device, DType, Namespace
+from ._flex import FULL, PARTIAL, Mods, flex_mods
 from ._masks import Structure, length_mask, normalize_causal, normalize_window
 from ._mods import index_dtype
 from ._variant import Variant
@@ -67,12 +68,48 @@ class Problem:
     def dv(self) -> int:
         return self.v.shape[-1]  # type: ignore[no-any-return]
 
+    @property
+    def mods(self) -> Mods | None:
+        """The score_mod and block mask, if any (batch is then (B, H))."""
+        return self.variant.mods
+
+    @property
+    def sinks(self) -> Array | None:
+        """The sinks as a column against the scores, (..., 1, 1), or ``None``."""
+        sinks = self.variant.sinks
+        return None if sinks is None else sinks[..., None, None]
+
+    @property
+    def may_hide(self) -> bool:
+        """Whether a score can be ``-inf`` before any mask: a bias or a score_mod can make one."""
+        mods = self.variant.mods
+        return self.variant.bias is not None or (mods is not None and mods.score_mod is not None)
+
+    def kind(self, q0: int, q1: int, k0: int, k1: int) -> int:
+        """The block mask's EMPTY, PARTIAL or FULL for the tile (FULL without one)."""
+        mods = self.variant.mods
+        return FULL if mods is None else mods.kind(q0, q1, k0, k1)
+
+    def indices(
+        self, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace
+    ) -> tuple[Array, Array, Array, Array]:
+        """The mods' index arrays ``(b, h, q_idx, kv_idx)`` for the tile, in absolute positions."""
+        assert self.variant.mods is not None
+        return self.variant.mods.indices(self.batch, q0, q1, k0, k1, xp=xp, device=self.device)
+
     def allowed(self, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace) -> Array | None:
-        """Everything that hides pairs in the tile, combined; ``None`` when nothing does."""
+        """Everything that hides pairs in the tile, combined; ``None`` when nothing does.
+
+        ``mask_mod`` is asked only on a PARTIAL tile: a FULL one hides
+        nothing and an EMPTY one is never visited.
+        """
         parts = []
         if not self.structure.tile_is_full(q0, q1, k0, k1):
             parts.append(self.structure.shared_tile(q0, q1, k0, k1, xp=xp, device=self.device))
         va = self.variant
+        mods = va.mods
+        if mods is not None and mods.mask_mod is not None and self.kind(q0, q1, k0, k1) == PARTIAL:
+            parts.append(mods.allowed(self.indices(q0, q1, k0, k1, xp=xp), xp=xp))
         if va.mask is not None:
             parts.append(_tile(va.mask, q0, q1, k0, k1))
         if va.key_lengths is not None:
@@ -124,7 +161,12 @@ class Problem:
         cap = self.variant.softcap
         if cap is not None:
             s = xp.tanh(s / cap) * cap  # Gemma 2's logit soft-capping
-        return s if self.variant.bias is None else s + self.bias_tile(q0, q1, k0, k1)
+        if self.variant.bias is not None:
+            s = s + self.bias_tile(q0, q1, k0, k1)
+        mods = self.variant.mods
+        if mods is not None and mods.score_mod is not None:
+            s = mods.score(s, self.indices(q0, q1, k0, k1, xp=xp), xp=xp)
+        return s
 
 
 def empty_result(p: Problem, *, xp: Namespace) -> tuple[Array, Array]:
@@ -136,6 +178,10 @@ def empty_result(p: Problem, *, xp: Namespace) -> tuple[Array, Array]:
     """
     s = empty_scores(p, xp=xp)  # (..., Lq, Lk), no element
     out = expand(s @ p.v, (*p.batch, p.lq, p.dv), xp=xp)  # zeros: sums over Lk == 0 terms
+    sinks = p.variant.sinks
+    if sinks is not None:  # the sink is the only logit a row has: lse = sink
+        lse = expand(xp.sum(s, axis=-1) + sinks[..., None], (*p.batch, p.lq), xp=xp)
+        return out, lse
     lse = expand(xp.sum(s, axis=-1) - math.inf, (*p.batch, p.lq), xp=xp)
     return out, lse
 
@@ -342,6 +388,9 @@ def prepare(
     key_lengths: Array | None = None,
     query_lengths: Array | None = None,
     softcap: float | None = None,
+    score_mod: object = None,
+    block_mask: object = None,
+    sinks: Array | None = None,
     xp: Namespace,
 ) -> Problem:
     """Check every argument and return the problem in compute precision.
@@ -354,6 +403,7 @@ def prepare(
     if window is not None:
         window = normalize_window(window)
     cap = None if softcap is None else _check_softcap(softcap)
+    key, value = expand_kv_heads(query, key, value, xp=xp)
     plan = None
     memo: tuple[object, ...] | None = None
     if (
@@ -361,6 +411,7 @@ def prepare(
         and bias is None
         and key_lengths is None
         and query_lengths is None
+        and sinks is None
         and type(query) is np.ndarray
         and type(key) is np.ndarray
         and (value is None or type(value) is np.ndarray)
@@ -382,13 +433,46 @@ def prepare(
             causal=causal,
             window=window,
             softcap=cap,
+            sinks=sinks,
         )
         plan = _validate(query, key, value, asked, scale, xp=xp)
         if memo is not None:
             if len(_PLANS) >= _STRUCTURES_MAX:
                 _PLANS.clear()
             _PLANS[memo] = plan
-    return _problem(query, key, value, plan, xp=xp)
+    p = _problem(query, key, value, plan, xp=xp)
+    if score_mod is None and block_mask is None:
+        return p
+    mods = flex_mods(score_mod, block_mask, batch=p.batch, lq=p.lq, lk=p.lk)
+    return dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods))
+
+
+def expand_kv_heads(
+    query: Array, key: Array, value: Array | None, *, xp: Namespace
+) -> tuple[Array, Array | None]:
+    """Grouped-query attention: ``Hkv`` key/value heads shared by ``H = G * Hkv`` query heads.
+
+    On (..., H, L, d) inputs whose key has ``Hkv`` heads, ``1 < Hkv < H``
+    dividing ``H``, query head ``h`` reads key/value head ``h // G`` (as
+    SDPA's ``enable_gqa``); the heads are repeated here, so every path sees
+    plain multi-head attention and gradients sum back over each group.
+    """
+    nq, nk = getattr(query, "ndim", 0), getattr(key, "ndim", 0)  # not yet validated
+    if nq < 3 or nk < 3 or nq != nk:
+        return key, value
+    h, hkv = query.shape[-3], key.shape[-3]
+    if h == hkv or hkv == 1 or hkv == 0 or h % hkv != 0:
+        return key, value
+    if value is not None and getattr(value, "ndim", 0) == nk and value.shape[-3] != hkv:
+        return key, value  # not a GQA layout: validation names the mismatch
+    g = h // hkv
+
+    def repeat(x: Array) -> Array:
+        lead, n, tail = tuple(x.shape[:-3]), x.shape[-3], tuple(x.shape[-2:])
+        grown = xp.broadcast_to(x[..., None, :, :], (*lead, n, g, *tail))  # (..., Hkv, G, L, d)
+        return xp.reshape(grown, (*lead, n * g, *tail))
+
+    return repeat(key), None if value is None else repeat(value)
 
 
 def _problem(

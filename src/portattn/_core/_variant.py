@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from .._lib._typing import Array
+from ._flex import Mods
 from ._masks import Align
 
 __all__ = ["ArraySpec", "Variant"]
@@ -48,6 +49,8 @@ class Variant:
     causal: bool | Align = False
     window: tuple[int, int] | None = None
     softcap: float | None = None  # scores become tanh(s / softcap) * softcap
+    sinks: Array | None = None  # one logit of value 0 per (batch, head) row set, batch axes
+    mods: Mods | None = None  # score_mod and the block mask (programmable attention)
 
     #: The array fields, in the order their checks run (and errors are found).
     ARRAYS: ClassVar[dict[str, ArraySpec]] = {
@@ -55,6 +58,7 @@ class Variant:
         "bias": ArraySpec("floating", "scores"),
         "key_lengths": ArraySpec("lengths", "batch"),
         "query_lengths": ArraySpec("lengths", "batch"),
+        "sinks": ArraySpec("floating", "batch"),
     }
 
     def arrays(self) -> list[tuple[str, Array]]:

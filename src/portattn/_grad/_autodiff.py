@@ -24,7 +24,6 @@ from .._core._problem import Problem
 from .._lib._compat import namespace_library
 from .._lib._typing import Array, Namespace
 from .._paths._blockwise import blockwise_attention as _plain_blockwise
-from ._backward import blockwise_backward
 
 __all__ = ["blockwise_attention"]
 
@@ -34,17 +33,25 @@ def blockwise_attention(
 ) -> tuple[Array, Array]:
     """The blockwise path as the entry runs it: differentiable in O(N) memory where needed."""
     lib = namespace_library(xp)
-    if lib == "torch" and _torch_wants_grad(p):
-        # Self-attention passes one tensor as key and value: torch.compile
-        # refuses a tensor given twice to Function.apply, so the repeat goes
-        # in as a view (its gradient flows back to the same tensor).
-        arrays: list[Array | None] = []
-        for x in p.arrays():
-            if x is not None and any(x is y for y in arrays):
-                x = x.view_as(x)
-            arrays.append(x)
-        out, lse = _torch_function().apply(p.without_arrays(), block_size, xp, *arrays)
-        return out, lse
+    if lib == "torch" and _torch_enabled():
+        if p.mods is not None and p.mods.score_mod is not None and _torch_compiling():
+            # torch.compile traces neither the search for the mod's captures
+            # nor torch.autograd.grad in the Function's backward; its own
+            # autograd differentiates the loop instead (gradients reach the
+            # captures, but the tiles are kept: O(Lq * Lk) memory).
+            return _plain_blockwise(p, block_size=block_size, xp=xp)
+        captures = _torch_captures(p)
+        if _torch_wants_grad(p, captures):
+            # Self-attention passes one tensor as key and value: torch.compile
+            # refuses a tensor given twice to Function.apply, so the repeat goes
+            # in as a view (its gradient flows back to the same tensor).
+            arrays: list[Array | None] = []
+            for x in (*p.arrays(), *captures):
+                if x is not None and any(x is y for y in arrays):
+                    x = x.view_as(x)
+                arrays.append(x)
+            out, lse = _torch_function().apply(p.without_arrays(), block_size, xp, *arrays)
+            return out, lse
     if lib == "jax":
         return _jax_blockwise(p, block_size=block_size, xp=xp)
     return _plain_blockwise(p, block_size=block_size, xp=xp)
@@ -53,12 +60,27 @@ def blockwise_attention(
 # --- torch -----------------------------------------------------------------
 
 
-def _torch_wants_grad(p: Problem) -> bool:
+def _torch_enabled() -> bool:
     import torch
 
-    if not torch.is_grad_enabled():
-        return False
-    return any(x is not None and x.requires_grad for x in (p.q, p.k, p.v, p.variant.bias))
+    return bool(torch.is_grad_enabled())
+
+
+def _torch_compiling() -> bool:
+    import torch
+
+    return bool(torch.compiler.is_compiling())
+
+
+def _torch_captures(p: Problem) -> list[Array]:
+    from ._torch import captured_tensors
+
+    return captured_tensors(p)
+
+
+def _torch_wants_grad(p: Problem, captures: list[Array]) -> bool:
+    arrays = (p.q, p.k, p.v, p.variant.bias, p.variant.sinks, *captures)
+    return any(x is not None and x.requires_grad for x in arrays)
 
 
 def _torch_function() -> Any:
@@ -79,27 +101,6 @@ def _torch_function() -> Any:
 def _jax_blockwise(
     p: Problem, *, block_size: tuple[int, int] | None, xp: Namespace
 ) -> tuple[Array, Array]:
-    """One ``jax.custom_vjp`` per call, closing over nothing but static options."""
-    import jax
+    from ._jax import jax_blockwise  # JAX is optional: imported for JAX arrays only
 
-    frame = p.without_arrays()
-
-    @jax.custom_vjp
-    def run(*args: Array) -> tuple[Array, Array]:
-        return _plain_blockwise(frame.with_arrays(args), block_size=block_size, xp=xp)
-
-    def fwd(*args: Array) -> tuple[tuple[Array, Array], tuple[Any, ...]]:
-        out, lse = _plain_blockwise(frame.with_arrays(args), block_size=block_size, xp=xp)
-        return (out, lse), (args, out, lse)
-
-    def bwd(res: tuple[Any, ...], cts: tuple[Array, Array]) -> tuple[Array | None, ...]:
-        args, out, lse = res
-        d_out, d_lse = cts
-        g = blockwise_backward(
-            frame.with_arrays(args), out, lse, d_out, d_lse, block_size=block_size, xp=xp
-        )
-        return g.as_inputs()  # masks and lengths: no gradient
-
-    run.defvjp(fwd, bwd)
-    out, lse = run(*p.arrays())
-    return out, lse
+    return jax_blockwise(p, block_size=block_size, xp=xp)

@@ -32,15 +32,17 @@ Everything here is plain array API code: the adapters in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from .._core._flex import EMPTY
 from .._core._problem import Problem, Variant
 from .._core._softmax import exp_floor, row_shift, safe_exp
 from .._lib._compat import is_concrete
 from .._lib._typing import Array, Namespace
-from .._paths._blockwise import _exp_cannot_underflow, block_sizes, traced_block_sizes
+from .._paths._blockwise import _exp_cannot_underflow, problem_block_sizes, traced_block_sizes
 
-__all__ = ["Grads", "blockwise_backward", "sum_to"]
+__all__ = ["Grads", "Pullback", "ScoreVjp", "blockwise_backward", "sum_to"]
 
 
 @dataclass(slots=True)
@@ -51,10 +53,19 @@ class Grads:
     k: Array
     v: Array
     bias: Array | None
+    sinks: Array | None = None  # shaped like the variant's sinks (batch axes)
+    captures: list[Array] = field(default_factory=list)  # one per array the score_mod captures
 
     def as_inputs(self) -> tuple[Array | None, ...]:
         """In :meth:`Problem.arrays` order; ``None`` for arrays without one (masks, lengths)."""
         return (self.q, self.k, self.v, *[getattr(self, name, None) for name in Variant.ARRAYS])
+
+
+#: ``score_vjp(s, idx) -> (score_mod(s, *idx), pullback)``: the library's own
+#: vector-Jacobian product of the score_mod on one tile. ``pullback(ds)``
+#: returns the cotangent of ``s`` and one of each captured array.
+Pullback = Callable[[Array], tuple[Array, list[Array]]]
+ScoreVjp = Callable[[Array, tuple[Array, Array, Array, Array]], tuple[Array, Pullback]]
 
 
 def sum_to(x: Array, shape: tuple[int, ...], *, xp: Namespace) -> Array:
@@ -79,6 +90,7 @@ def blockwise_backward(
     *,
     block_size: tuple[int, int] | None,
     want_bias: bool = True,
+    score_vjp: ScoreVjp | None = None,
     xp: Namespace,
 ) -> Grads:
     """Gradients of ``(out, lse) = blockwise_attention(p)`` for cotangents ``(d_out, d_lse)``.
@@ -88,10 +100,13 @@ def blockwise_backward(
     ``lse``'s (``None`` means zero). ``want_bias=False`` skips the bias's
     gradient, which for a full (Lq, Lk) bias is as large as the bias.
     """
-    bq, bk = block_sizes(block_size, xp=xp, batch=p.batch)
+    bq, bk = problem_block_sizes(p, block_size, xp=xp)
     want_bias = want_bias and p.variant.bias is not None
     if p.lq == 0 or p.lk == 0 or math.prod(p.batch) == 0:
         return _zeros(p, want_bias=want_bias, xp=xp)
+    if p.mods is not None and p.mods.score_mod is not None and score_vjp is None:
+        msg = "a problem with a score_mod needs the library's vjp of it to be differentiated"
+        raise NotImplementedError(msg)
     # As in the forward: under a trace the loop unrolls, so blocks grow to
     # bound the program, and only concrete arrays are read for the bound.
     concrete = is_concrete(p.q)
@@ -104,14 +119,16 @@ def blockwise_backward(
     delta = xp.sum(d_out * out, axis=-1, keepdims=True)  # (..., Lq, 1)
     if d_lse is not None:
         delta = delta - d_lse[..., None]
+    lse_col = row_shift(lse, xp=xp)[..., None]  # (..., Lq, 1)
     run = _Sweep(
         p,
         d_out,
         delta,
-        row_shift(lse, xp=xp)[..., None],  # (..., Lq, 1)
+        lse_col,
         None if shortcut else exp_floor(p.q.dtype, xp=xp),
         bq,
         want_bias,
+        score_vjp,
         xp,
     )
     dk_blocks, dv_blocks = [], []
@@ -124,11 +141,21 @@ def blockwise_backward(
         d_bias = _assemble_bias(
             p, run.bias_tiles, bq, bk, rows=run.bias_rows, cols=run.bias_cols, xp=xp
         )
+    d_sinks = None
+    sinks = p.variant.sinks
+    if sinks is not None:
+        # The sink is a logit of value 0: dSink = P_sink (0 - D), P_sink = exp(sink - lse).
+        col = sinks[..., None, None]
+        p_sink = safe_exp(col - lse_col, exp_floor(p.q.dtype, xp=xp), xp=xp)  # (..., Lq, 1)
+        d_rows = xp.sum(-(p_sink * delta), axis=(-2, -1))  # (...)
+        d_sinks = sum_to(d_rows, tuple(sinks.shape), xp=xp)
     return Grads(
         q=_concat(run.dq(), axis=-2, xp=xp),
         k=_concat(dk_blocks, axis=-2, xp=xp),
         v=_concat(dv_blocks, axis=-2, xp=xp),
         bias=d_bias,
+        sinks=d_sinks,
+        captures=run.captures or [],
     )
 
 
@@ -144,10 +171,13 @@ class _Sweep:
         floor: float | None,
         bq: int,
         want_bias: bool,
+        score_vjp: ScoreVjp | None,
         xp: Namespace,
     ) -> None:
         self.p, self.d_out, self.delta, self.lse_col = p, d_out, delta, lse_col
         self.floor, self.bq, self.want_bias, self.xp = floor, bq, want_bias, xp
+        self.score_vjp = score_vjp
+        self.captures: list[Array] | None = None  # the mod's captures, summed in loop order
         self.neg_inf = xp.asarray(-math.inf, dtype=p.q.dtype, device=p.device)
         self.q_starts = list(range(0, p.lq, bq))
         self.key_ranges = [p.structure.key_range(q0, min(q0 + bq, p.lq)) for q0 in self.q_starts]
@@ -169,6 +199,8 @@ class _Sweep:
             if hi <= lo or hi <= k0 or lo >= k1:  # positions hide the whole tile
                 continue
             q1 = min(q0 + self.bq, p.lq)
+            if p.kind(q0, q1, k0, k1) == EMPTY:  # as in the forward: no score, no key read
+                continue
             dk_part, dv_part = self._tile(qi, kj, q0, q1, k0, k1, k_blk, k_t, v_t)
             dv_acc = dv_part if dv_acc is None else dv_acc + dv_part
             dk_acc = dk_part if dk_acc is None else dk_acc + dk_part
@@ -201,6 +233,9 @@ class _Sweep:
         bias = p.bias_tile(q0, q1, k0, k1)
         if bias is not None:
             s = s + bias
+        pullback = None
+        if self.score_vjp is not None:
+            s, pullback = self.score_vjp(s, p.indices(q0, q1, k0, k1, xp=xp))
         allowed = p.allowed(q0, q1, k0, k1, xp=xp)
         if allowed is not None:
             s = xp.where(allowed, s, self.neg_inf)
@@ -210,6 +245,9 @@ class _Sweep:
         v_shape = (*p.v.shape[:-2], k1 - k0, p.dv)
         dv_part = sum_to(xp.matrix_transpose(prob) @ d_out_blk, v_shape, xp=xp)
         ds = prob * (d_out_blk @ v_t - self.delta[..., q0:q1, :])  # dS = P ∘ (dP - D)
+        if pullback is not None:  # back through the score_mod, to the score it was given
+            ds, parts = pullback(ds)
+            self._add_captures(parts)
         if self.want_bias:
             self._add_bias(ds, qi, kj, q1 - q0, k1 - k0)
         if capped is not None:
@@ -233,6 +271,12 @@ class _Sweep:
         )
         part = sum_to(ds, tile_shape, xp=self.xp)
         self.bias_tiles[key] = part if key not in self.bias_tiles else self.bias_tiles[key] + part
+
+    def _add_captures(self, parts: list[Array]) -> None:
+        if self.captures is None:
+            self.captures = parts
+        else:
+            self.captures = [a + b for a, b in zip(self.captures, parts, strict=True)]
 
     def dq(self) -> list[Array]:
         """``dQ`` per query block; zeros for a block that sees no key."""
@@ -290,4 +334,5 @@ def _zeros(p: Problem, *, want_bias: bool, xp: Namespace) -> Grads:
         k=like(p.k),
         v=like(p.v),
         bias=like(bias) if want_bias and bias is not None else None,
+        sinks=None if p.variant.sinks is None else like(p.variant.sinks),
     )

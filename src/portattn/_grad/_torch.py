@@ -24,17 +24,59 @@ from typing import Any
 
 import torch
 
+from .._core._flex import Mods
 from .._core._problem import Problem, Variant
 from .._lib._precision import torch_autocast_off
 from .._lib._typing import Array, Namespace
 from .._paths._blockwise import blockwise_attention as _plain_blockwise
-from ._backward import blockwise_backward
+from ._backward import Pullback, ScoreVjp, blockwise_backward
+from ._captures import captured
 
-__all__ = ["BlockwiseAttention"]
+__all__ = ["BlockwiseAttention", "captured_tensors", "score_vjp"]
 
 # The bias's position among forward's inputs: after p, block_size, xp, then
 # the problem's arrays in Problem.arrays order (q, k, v, then the variant's).
 _BIAS = 3 + 3 + tuple(Variant.ARRAYS).index("bias")
+# The problem's own arrays among forward's inputs; the score_mod's captures follow.
+_GIVEN = 3 + len(Variant.ARRAYS)
+
+
+def captured_tensors(p: Problem) -> list[Array]:
+    """The tensors requiring grad that ``p``'s score_mod captures, in a fixed order."""
+    if p.mods is None or p.mods.score_mod is None:
+        return []
+    return captured(
+        p.mods.score_mod, lambda x: isinstance(x, torch.Tensor) and bool(x.requires_grad)
+    )
+
+
+def score_vjp(mods: Mods, captures: list[Array], *, xp: Namespace) -> ScoreVjp:
+    """The score_mod's vjp on one tile, to the tile's scores and to the captured tensors.
+
+    With captures, ``torch.autograd.grad`` on the mod re-evaluated under
+    ``enable_grad``: it reaches the tensors the mod reads from its closure,
+    which are the very objects passed to the Function as extra inputs.
+    Without, ``torch.func.vjp``, which torch.compile traces.
+    """
+
+    def vjp(s: Array, idx: tuple[Array, Array, Array, Array]) -> tuple[Array, Pullback]:
+        if not captures:
+            got = torch.func.vjp(lambda x: mods.score(x, idx, xp=xp), s)
+            out, pull = got[0], got[1]
+            return out, lambda ds: (pull(ds)[0], [])
+        with torch.enable_grad():
+            x = s.detach().requires_grad_(True)
+            out = mods.score(x, idx, xp=xp)
+
+        def pullback(ds: Array) -> tuple[Array, list[Array]]:
+            wrt = [x, *captures]
+            got = torch.autograd.grad(out, wrt, ds, allow_unused=True)
+            grads = [torch.zeros_like(w) if g is None else g for g, w in zip(got, wrt, strict=True)]
+            return grads[0], grads[1:]
+
+        return out.detach(), pullback
+
+    return vjp
 
 
 class BlockwiseAttention(torch.autograd.Function):
@@ -44,12 +86,13 @@ class BlockwiseAttention(torch.autograd.Function):
     def forward(
         p: Problem, block_size: tuple[int, int] | None, xp: Namespace, *arrays: Array | None
     ) -> tuple[Array, Array]:
-        return _plain_blockwise(p.with_arrays(arrays), block_size=block_size, xp=xp)
+        return _plain_blockwise(p.with_arrays(arrays[:_GIVEN]), block_size=block_size, xp=xp)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Array, Array]) -> None:
         p, block_size, xp, *arrays = inputs
-        ctx.save_for_backward(*arrays, *output)
+        ctx.save_for_backward(*arrays[:_GIVEN], *output)
+        ctx.captures = captured_tensors(p)
         ctx.frame = p
         ctx.block_size = block_size
         ctx.xp = xp
@@ -59,16 +102,22 @@ class BlockwiseAttention(torch.autograd.Function):
         *arrays, out, lse = ctx.saved_tensors
         if d_out is None:
             d_out = torch.zeros_like(out)
+        full = ctx.frame.with_arrays(tuple(arrays))
+        vjp = None
+        if full.mods is not None and full.mods.score_mod is not None:
+            vjp = score_vjp(full.mods, ctx.captures, xp=ctx.xp)
         # A backward run inside torch.autocast computes as the forward did.
         with torch_autocast_off(out.device) or contextlib.nullcontext():
             g = blockwise_backward(
-                ctx.frame.with_arrays(tuple(arrays)),
+                full,
                 out,
                 lse,
                 d_out,
                 d_lse,
                 block_size=ctx.block_size,
                 want_bias=bool(ctx.needs_input_grad[_BIAS]),
+                score_vjp=vjp,
                 xp=ctx.xp,
             )
-        return None, None, None, *g.as_inputs()
+        caps = g.captures or [torch.zeros_like(c) for c in ctx.captures]
+        return None, None, None, *g.as_inputs(), *caps

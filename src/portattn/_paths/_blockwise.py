@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from .._core._flex import EMPTY, add_sink
 from .._core._problem import Problem, empty_result, expand
 from .._core._softmax import exp_floor, lse_from, no_keys, nonzero, row_shift, safe_exp
 from .._lib._checks import check_int_pair
@@ -38,7 +39,7 @@ from .._lib._compat import (
 from .._lib._threads import map_blocks, pool_workers
 from .._lib._typing import Array, Namespace
 
-__all__ = ["block_sizes", "blockwise_attention"]
+__all__ = ["block_sizes", "blockwise_attention", "problem_block_sizes"]
 
 # Per library: (key block, elements per score tile, row sums in the matmul).
 # The query block is chosen so that one (batch..., bq, bk) score tile holds
@@ -86,7 +87,7 @@ def blockwise_attention(
     p: Problem, *, block_size: tuple[int, int] | None, xp: Namespace
 ) -> tuple[Array, Array]:
     """Output (..., Lq, dv) and log-sum-exp (..., Lq) of ``p``, one query block at a time."""
-    bq, bk = block_sizes(block_size, xp=xp, batch=p.batch)
+    bq, bk = problem_block_sizes(p, block_size, xp=xp)
     if p.lk == 0 or p.lq == 0 or math.prod(p.batch) == 0:
         return empty_result(p, xp=xp)
     concrete = is_concrete(p.q)
@@ -133,6 +134,19 @@ def blockwise_attention(
     return out, lse
 
 
+def problem_block_sizes(
+    p: Problem, block_size: tuple[int, int] | None, *, xp: Namespace
+) -> tuple[int, int]:
+    """:func:`block_sizes`, except that a block mask's own blocks are the default tiles.
+
+    Tiles then line up with the mask's table, so each is one entry of it:
+    EMPTY ones are skipped and FULL ones never call ``mask_mod``.
+    """
+    if block_size is None and p.mods is not None and p.mods.kinds is not None:
+        return p.mods.block
+    return block_sizes(block_size, xp=xp, batch=p.batch)
+
+
 def _sum_in_matmul(p: Problem, *, xp: Namespace) -> bool:
     """Whether each row's sum of weights rides in the value matmul as a column of ones.
 
@@ -173,6 +187,8 @@ def _exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
     """
     if not all(is_concrete(x) for x in (p.q, p.k, p.variant.bias) if x is not None):
         return False
+    if p.mods is not None and p.mods.score_mod is not None:
+        return False  # a score_mod may move scores anywhere, -inf included
     return _score_spread(p, xp=xp) + 1.0 < -exp_floor(p.q.dtype, xp=xp)
 
 
@@ -221,8 +237,6 @@ def _query_block(
     """
     qb = p.q[..., q0:q1, :]  # (..., bq, d)
     lo, hi = p.structure.key_range(q0, q1)
-    if hi <= lo:  # positions hide every key from this query block
-        return no_keys(p.batch, q1 - q0, p.dv, dtype=p.q.dtype, device=p.device, xp=xp)
     ones_column = v.shape[-1] > p.dv
     m = total = acc = None
     # The row max may be subtracted in place on real, writeable tiles that
@@ -230,6 +244,9 @@ def _query_block(
     mutable = is_concrete(qb) and is_writeable_array(qb)
     for k0 in range(lo, hi, bk):
         k1 = min(k0 + bk, hi)
+        kind = p.kind(q0, q1, k0, k1)
+        if kind == EMPTY:  # the block mask hides the tile: its keys are never read
+            continue
         s = p.scores(qb, k_t[..., k0:k1], q0, q1, k0, k1, xp=xp)  # (..., bq, bk)
         allowed = p.allowed(q0, q1, k0, k1, xp=xp)
         if allowed is not None:
@@ -262,10 +279,16 @@ def _query_block(
             if not ones_column:
                 total = total * alpha + xp.sum(e, axis=-1, keepdims=True)
         m = m_new
-    assert m is not None
+    if m is None:  # positions or the block mask hide every key from this query block
+        out, lse = no_keys(p.batch, q1 - q0, p.dv, dtype=p.q.dtype, device=p.device, xp=xp)
+        if p.sinks is not None:  # the sink is the row's only logit
+            lse = expand(p.sinks[..., 0], (*p.batch, q1 - q0), xp=xp)
+        return out, lse
     assert acc is not None
     if ones_column:
         acc, total = acc[..., : p.dv], acc[..., p.dv :]
     assert total is not None
+    if p.sinks is not None:
+        acc, total, m = add_sink(acc, total, m, p.sinks, xp=xp)
     out = acc / nonzero(total, xp=xp)
     return out, lse_from(m, total, xp=xp)

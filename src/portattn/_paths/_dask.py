@@ -24,6 +24,7 @@ configuration, ``dask.config.set({"portattn.merge-fan-in": 8})``.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ import dask.array.utils
 import dask.base
 import dask.highlevelgraph
 
+from .._core._flex import EMPTY
 from .._core._masks import Structure
 from .._core._merge import merge_attention
 from .._core._problem import Problem, Variant, expand
@@ -117,12 +119,15 @@ class _Tile:
     block_size: tuple[int, int] | None
     variant: Variant  # the call's variant without its arrays
     options: tuple[str, ...]  # the variant's arrays that the task's option chunks are, in order
+    with_sinks: bool = True  # one pair per query chunk adds the sink, so the merge counts it once
 
 
 def _pair(q: Array, k: Array, v: Array, options: list[Array], tile: _Tile, final: bool) -> Any:
     """Attention of one query chunk over one key chunk: ``(out, lse)``, or ``out`` if final."""
     xp = array_namespace(q, k, v, *options)
     variant = tile.variant.with_arrays(zip(tile.options, options, strict=True))
+    if not tile.with_sinks and variant.sinks is not None:
+        variant = variant.with_arrays([("sinks", None)])
     p = Problem(
         q=q,
         k=k,
@@ -156,11 +161,20 @@ def _merge(parts: list[tuple[Array, Array]], final: bool) -> Any:
     return out if final else (out, lse)
 
 
-def _hidden(q: Array, batch: tuple[int, ...], dv: int, final: bool) -> Any:
-    """A query chunk that sees no key at all: output 0, lse -inf."""
+def _hidden(q: Array, batch: tuple[int, ...], dv: int, final: bool, sinks: Any = None) -> Any:
+    """A query chunk that sees no key at all: output 0, lse -inf (or the sink, its only logit)."""
     xp = array_namespace(q)
     out, lse = no_keys(batch, int(q.shape[-2]), dv, dtype=q.dtype, device=device_of(q), xp=xp)
+    if sinks is not None:
+        lse = expand(sinks[..., None], tuple(lse.shape), xp=xp)
     return out if final else (out, lse)
+
+
+def _shifted(variant: Variant, origin: tuple[int, ...], q0: int, k0: int) -> Variant:
+    """``variant`` whose mods see the tile's absolute positions: batch, head, query, key."""
+    assert variant.mods is not None
+    mods = variant.mods.shifted(origin[0], origin[1], q0, k0)
+    return dataclasses.replace(variant, mods=mods)
 
 
 def _lift(x: Any, ndim: int) -> Any:
@@ -299,10 +313,14 @@ def _tasks(
     q_starts, k_starts = _starts(g.q_chunks), _starts(g.k_chunks)
     by_query: dict[int, list[int]] = {i: [] for i in range(len(g.q_chunks))}
     for i, j in visible_pairs(s, g.q_chunks, g.k_chunks):
-        by_query[i].append(j)
+        q0, k0 = q_starts[i], k_starts[j]
+        if p.kind(q0, q0 + g.q_chunks[i], k0, k0 + g.k_chunks[j]) != EMPTY:  # the block mask's
+            by_query[i].append(j)
+    batch_starts = [_starts(c) for c in g.batch_chunks]
     dsk: dict[Any, Any] = {}
     for bb in product(*(range(len(c)) for c in g.batch_chunks)):
         batch = tuple(g.batch_chunks[a][b] for a, b in enumerate(bb))
+        origin = tuple(batch_starts[a][b] for a, b in enumerate(bb))
         for i, q0 in enumerate(q_starts):
             q1 = q0 + g.q_chunks[i]
             final_key = (names.out, *bb, i, 0) if not return_lse else (names.final, *bb, i)
@@ -317,8 +335,9 @@ def _tasks(
                     batch,
                     impl,
                     block_size,
-                    static,
+                    static if p.mods is None else _shifted(static, origin, q0, k0),
                     tuple(g.options),
+                    j == by_query[i][0],
                 )
                 # A query chunk that sees one key chunk needs no merge: its
                 # pair task is the output chunk (one task per chunk).
@@ -335,7 +354,10 @@ def _tasks(
                 )
                 partials.append(pkey)
             if not partials:
-                dsk[final_key] = (_hidden, g.block(g.q, bb, i, 0), batch, p.dv, not return_lse)
+                sinks = g.options.get("sinks")
+                sink_key = None if sinks is None else g.block(sinks, bb)
+                q_key = g.block(g.q, bb, i, 0)
+                dsk[final_key] = (_hidden, q_key, batch, p.dv, not return_lse, sink_key)
             elif len(partials) > 1:
                 partials = _reduce(dsk, partials, name=names.merge, at=(*bb, i), fan_in=fan_in)
                 dsk[final_key] = (_merge, partials, not return_lse)

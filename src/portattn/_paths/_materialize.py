@@ -6,6 +6,7 @@ sequences, where blocking machinery costs more than the memory it saves.
 
 from __future__ import annotations
 
+from .._core._flex import add_sink
 from .._core._problem import Problem, empty_result, empty_scores, expand
 from .._core._softmax import lse_from, masked_exp, masked_softmax, nonzero
 from .._lib._compat import matrix_transpose
@@ -18,7 +19,7 @@ def _scores(p: Problem, *, xp: Namespace) -> tuple[Array, Array | None, bool]:
     """All the scores (..., Lq, Lk), what hides pairs (or None), and whether -inf may occur."""
     lq, lk = p.structure.lq, p.structure.lk
     scores = p.scores(p.q, matrix_transpose(p.k, xp=xp), 0, lq, 0, lk, xp=xp)
-    return scores, p.allowed(0, lq, 0, lk, xp=xp), p.variant.bias is not None
+    return scores, p.allowed(0, lq, 0, lk, xp=xp), p.may_hide
 
 
 def materialize_attention(
@@ -37,6 +38,7 @@ def materialize_attention(
     # row sums to 0, and the guards for that case are skipped.
     full_rows = (
         not may_hide
+        and p.mods is None
         and p.variant.mask is None
         and p.variant.key_lengths is None
         and p.variant.query_lengths is None
@@ -45,8 +47,12 @@ def materialize_attention(
     e, row_max, total = masked_exp(
         scores, allowed, xp=xp, may_hide=may_hide, no_empty_rows=full_rows
     )
-    hides = (may_hide or allowed is not None) and not full_rows
-    out = (e @ p.v) / (nonzero(total, xp=xp) if hides else total)  # (..., Lq, dv)
+    if p.sinks is not None:
+        acc, total, row_max = add_sink(e @ p.v, total, row_max, p.sinks, xp=xp)
+        out = acc / nonzero(total, xp=xp)  # 0 only where the sink is -inf and no key is seen
+    else:
+        hides = (may_hide or allowed is not None) and not full_rows
+        out = (e @ p.v) / (nonzero(total, xp=xp) if hides else total)  # (..., Lq, dv)
     out = expand(out, (*p.batch, s.lq, p.v.shape[-1]), xp=xp)
     if not want_lse:
         return out, None
@@ -58,5 +64,9 @@ def materialize_weights(p: Problem, *, xp: Namespace) -> Array:
     if p.lk == 0:
         return expand(empty_scores(p, xp=xp), (*p.batch, p.lq, 0), xp=xp)  # connected to autograd
     scores, allowed, may_hide = _scores(p, xp=xp)
+    if p.sinks is not None:  # the sink takes its share of each row: rows sum to below 1
+        e, row_max, total = masked_exp(scores, allowed, xp=xp, may_hide=True)
+        e, total, _ = add_sink(e, total, row_max, p.sinks, xp=xp)
+        return expand(e / nonzero(total, xp=xp), (*p.batch, p.lq, p.lk), xp=xp)
     w, _, _ = masked_softmax(scores, allowed, xp=xp, may_hide=may_hide)
     return expand(w, (*p.batch, p.lq, p.lk), xp=xp)

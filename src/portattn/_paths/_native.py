@@ -49,6 +49,16 @@ def refusal(p: Problem, *, return_lse: bool, xp: Namespace) -> str | None:
             f"impl='native' cannot return the log-sum-exp on {lib}: its public attention "
             "kernel does not expose it; use impl='blockwise' or 'materialize' with return_lse=True"
         )
+    if p.mods is not None and p.mods.score_mod is not None:
+        return (
+            f"impl='native' cannot run a score_mod on {lib}: its fused kernel takes no "
+            "function of the scores; use impl='auto', 'blockwise' or 'materialize'"
+        )
+    if p.sinks is not None:
+        return (
+            f"impl='native' cannot add attention sinks on {lib}: its fused kernel has no "
+            "sink logit; use impl='auto', 'blockwise' or 'materialize'"
+        )
     if p.variant.softcap is not None:
         return (
             f"impl='native' cannot soft-cap scores on {lib}: its fused kernel has no softcap; "
@@ -95,6 +105,8 @@ def auto_delegates(
       a host read, where the keys can be read (not under ``torch.compile``).
     """
     if namespace_library(xp) != "torch" or refusal(p, return_lse=return_lse, xp=xp) is not None:
+        return False
+    if p.mods is not None:  # a block mask: the blockwise path skips its empty tiles, SDPA cannot
         return False
     if p.lq == 0 or p.lk == 0 or _kernel_causal(p):
         return True

@@ -1,0 +1,181 @@
+"""Programmable attention on one tile: ``score_mod``, a block mask's ``mask_mod``, and sinks.
+
+A :class:`Mods` is the part of a :class:`~portattn._core._problem.Problem`
+that user functions decide. Every path asks it the same three questions about
+a tile ``[q0, q1) x [k0, k1)`` of the score matrix:
+
+- :meth:`Mods.kind`: is the tile EMPTY (skip it: no score, no key read),
+  FULL (no ``mask_mod`` call) or PARTIAL, by the block mask's table;
+- :meth:`Mods.score`: the scores after ``score_mod``;
+- :meth:`Mods.allowed`: ``mask_mod``'s verdict on a PARTIAL tile.
+
+Positions handed to the mods are absolute: ``origin`` says where this
+problem's first batch entry, head, query and key sit in the whole call (a
+dask chunk is a problem of its own, somewhere inside the call).
+
+Sinks (gpt-oss) are one more logit per row whose value is 0:
+:func:`add_sink` folds ``exp(sink)`` into a row's running softmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .._lib._checks import shown
+from .._lib._typing import Array, Device, Namespace
+from ._block_mask import EMPTY, FULL, PARTIAL, BlockMask
+from ._mods import MaskMod, ScoreMod, apply_mask_mod, apply_score_mod, tile_indices
+from ._softmax import exp_floor, safe_exp
+
+__all__ = [
+    "EMPTY",
+    "FULL",
+    "PARTIAL",
+    "MaskMod",
+    "Mods",
+    "ScoreMod",
+    "add_sink",
+    "flex_mods",
+]
+
+Indices = tuple[Array, Array, Array, Array]
+
+
+@dataclass(frozen=True, slots=True)
+class Mods:
+    """What a call's user functions decide; never holds a differentiable array itself.
+
+    ``kinds`` is ``None`` when no block mask was given; ``mask_mod`` then is
+    ``None`` too. ``origin`` is the absolute (batch, head, query, key) of
+    this problem's first element.
+    """
+
+    score_mod: ScoreMod | None = None
+    mask_mod: MaskMod | None = None
+    kinds: tuple[tuple[int, ...], ...] | None = None  # BlockMask.table: one row per query block
+    block: tuple[int, int] = (128, 128)
+    origin: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+    def shifted(self, b0: int, h0: int, q0: int, k0: int) -> Mods:
+        """The same mods for a sub-problem starting at ``(b0, h0, q0, k0)`` of this one."""
+        o = self.origin
+        return replace(self, origin=(o[0] + b0, o[1] + h0, o[2] + q0, o[3] + k0))
+
+    def kind(self, q0: int, q1: int, k0: int, k1: int) -> int:
+        """EMPTY, PARTIAL or FULL for the tile, from the blocks it overlaps (conservatively)."""
+        if self.kinds is None:
+            return FULL if self.mask_mod is None else PARTIAL
+        if q1 <= q0 or k1 <= k0:
+            return EMPTY
+        bq, bk = self.block
+        oq, ok = self.origin[2] + q0, self.origin[3] + k0
+        i0, i1 = oq // bq, -(-(oq + q1 - q0) // bq)
+        j0, j1 = ok // bk, -(-(ok + k1 - k0) // bk)
+        if i1 - i0 == 1 and j1 - j0 == 1:  # one block: the common case, no reduction
+            return self.kinds[i0][j0]
+        seen = {k for row in self.kinds[i0:i1] for k in row[j0:j1]}
+        if seen == {EMPTY}:
+            return EMPTY
+        return FULL if seen == {FULL} else PARTIAL
+
+    def indices(
+        self,
+        batch: tuple[int, ...],
+        q0: int,
+        q1: int,
+        k0: int,
+        k1: int,
+        *,
+        xp: Namespace,
+        device: Device,
+    ) -> tuple[Array, Array, Array, Array]:
+        """The tile's index arrays, int64 on ``device``, in absolute positions.
+
+        ``b`` (B, 1, 1, 1), ``h`` (1, H, 1, 1), ``q_idx`` (1, 1, Tq, 1) and
+        ``kv_idx`` (1, 1, 1, Tk).
+        """
+        ob, oh, oq, ok = self.origin
+        nb, nh = batch
+        return tile_indices(
+            range(ob, ob + nb),
+            range(oh, oh + nh),
+            range(oq + q0, oq + q1),
+            range(ok + k0, ok + k1),
+            xp=xp,
+            device=device,
+        )
+
+    def score(self, s: Array, idx: Indices, *, xp: Namespace) -> Array:
+        """``score_mod(s, b, h, q_idx, kv_idx)``, checked, in ``s``'s dtype and full tile shape."""
+        assert self.score_mod is not None
+        tile = (idx[0].shape[0], idx[1].shape[1], s.shape[-2], s.shape[-1])
+        if tuple(s.shape) != tile:  # q or k broadcast over batch or heads: the mod sees them all
+            s = xp.broadcast_to(s, tile)
+        return apply_score_mod(self.score_mod, s, idx, xp=xp)
+
+    def allowed(self, idx: Indices, *, xp: Namespace) -> Array:
+        """``mask_mod(b, h, q_idx, kv_idx)``, checked: a boolean array broadcastable to the tile."""
+        assert self.mask_mod is not None
+        return apply_mask_mod(self.mask_mod, idx, xp=xp)
+
+
+def add_sink(
+    acc: Array, total: Array, m: Array, sink: Array, *, xp: Namespace
+) -> tuple[Array, Array, Array]:
+    """Fold one more logit, ``sink`` (value 0), into a row's running softmax.
+
+    ``acc`` (..., Tq, dv) and ``total`` (..., Tq, 1) are the weighted values
+    and the sum of weights relative to the row shift ``m`` (..., Tq, 1);
+    ``m = -inf`` means the row has seen nothing (``acc``, ``total`` are 0).
+    Returns them relative to the new shift ``max(m, sink)``. The sink's value
+    is 0, so it only grows the denominator: a row that sees no key keeps
+    ``acc = 0`` and outputs 0.
+    """
+    floor = exp_floor(m.dtype, xp=xp)
+    top = xp.maximum(m, sink)
+    shift = xp.where(xp.isinf(top), 0.0, top)  # -inf sink and nothing seen: shift by 0
+    alpha = safe_exp(m - shift, floor, xp=xp)
+    total = total * alpha + safe_exp(sink - shift, floor, xp=xp)
+    return acc * alpha, total, top
+
+
+def sink_column(sinks: Array, batch: tuple[int, ...], rows: int, *, xp: Namespace) -> Array:
+    """``sinks`` (aligned, (..., 1, 1)) as the row-wise lse of a row that sees no key."""
+    return xp.broadcast_to(sinks[..., 0], (*batch, rows))
+
+
+def flex_mods(
+    score_mod: Any, block_mask: Any, *, batch: tuple[int, ...], lq: int, lk: int
+) -> Mods | None:
+    """Validate ``score_mod=`` and ``block_mask=`` against the call's shapes."""
+    if score_mod is None and block_mask is None:
+        return None
+    if score_mod is not None and not callable(score_mod):
+        msg = (
+            "expected score_mod to be a function (score, b, h, q_idx, kv_idx), "
+            f"got {shown(score_mod)}"
+        )
+        raise TypeError(msg)
+    if len(batch) != 2:
+        msg = (
+            "score_mod and block_mask need 4-D (B, H, L, d) inputs, as FlexAttention does, "
+            f"got batch shape {batch} ({len(batch) + 2}-D)"
+        )
+        raise ValueError(msg)
+    if block_mask is None:
+        return Mods(score_mod)
+    if not isinstance(block_mask, BlockMask):
+        msg = f"expected block_mask to be a portattn.BlockMask, got {shown(block_mask)}"
+        raise TypeError(msg)
+    shape = tuple(block_mask.shape)
+    fits = shape[-2:] == (lq, lk) and all(
+        n is None or n == 1 or n == size for n, size in zip(shape[:2], batch, strict=True)
+    )
+    if not fits:
+        msg = (
+            "expected a block_mask built for (B, H, Lq, Lk) = "
+            f"({batch[0]}, {batch[1]}, {lq}, {lk}) (B and H may be None), got one for {shape}"
+        )
+        raise ValueError(msg)
+    return Mods(score_mod, block_mask.mask_mod, block_mask.table, block_mask.block_size)

@@ -1,0 +1,538 @@
+"""Programmable attention: ``score_mod``, ``block_mask`` and ``sinks`` on every impl and library.
+
+Oracles: a float64 formula (``reference.flex_ref``) and torch's own
+``flex_attention`` (eager, forward) on the same mods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import portattn as pa
+
+from conftest import Backend, assert_close_on
+from reference import flex_ref
+
+B, H, L, D = 2, 4, 70, 8
+BLOCK = (16, 16)
+DOC = 23  # packed documents of 23 tokens: block edges fall inside documents
+
+
+# --- mods, written once as plain array code ------------------------------------------
+
+
+def alibi(slopes: Any, xp: Any = np) -> Any:
+    # The distance is cast to the scores' dtype: array_api_strict refuses
+    # float32 * int64 (NumPy would promote; test_promoting_mod checks that).
+    return lambda s, b, h, q, kv: s - slopes[h] * xp.astype(abs(q - kv), s.dtype)
+
+
+def documents(doc: Any) -> Any:
+    return lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv)
+
+
+def prefix_lm(prefix: int) -> Any:
+    return lambda b, h, q, kv: (kv < prefix) | (q >= kv)
+
+
+def per_batch(b: Any, h: Any, q: Any, kv: Any) -> Any:
+    return (kv <= q + 5 * b) & (h != 3)  # batch entry 1 sees further; head 3 sees nothing
+
+
+def _inputs(
+    backend: Backend, rng: np.random.Generator, *, hkv: int = H, dtype: Any = None
+) -> tuple[Any, ...]:
+    arrs = (
+        rng.standard_normal((B, H, L, D)),
+        rng.standard_normal((B, hkv, L, D)),
+        rng.standard_normal((B, hkv, L, D)),
+    )
+    dt = backend.xp.float32 if dtype is None else dtype
+    return tuple(backend.asarray(a, dt) for a in arrs), arrs
+
+
+CASES: dict[str, dict[str, Any]] = {
+    "alibi": {"score": "alibi"},
+    "documents": {"mask": "documents"},
+    "alibi-documents-sinks": {"score": "alibi", "mask": "documents", "sinks": True},
+    "prefix-causal": {"mask": "prefix", "causal": True},
+    "per-batch-head": {"mask": "per_batch", "bh": True, "sinks": True},
+    "window-softcap-bias": {
+        "score": "alibi",
+        "mask": "documents",
+        "window": 9,
+        "softcap": 2.0,
+        "bias": True,
+    },
+    "gqa": {"score": "alibi", "mask": "documents", "hkv": 2, "sinks": True},
+    "scale-lengths": {"mask": "prefix", "scale": 0.3, "key_lengths": True},
+}
+
+
+def _case(
+    backend: Backend, rng: np.random.Generator, case: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any], tuple[Any, ...]]:
+    """(portattn kwargs, reference kwargs, numpy inputs) for one case."""
+    slopes = np.linspace(0.05, 0.4, H)
+    doc = np.arange(L) // DOC
+    xp = backend.xp
+    mods = {
+        "alibi": (alibi(backend.asarray(slopes, xp.float32), xp), alibi(slopes)),
+        "documents": (documents(backend.asarray(doc)), documents(doc)),
+        "prefix": (prefix_lm(20), prefix_lm(20)),
+        "per_batch": (per_batch, per_batch),
+    }
+    (q, k, v), arrs = _inputs(backend, rng, hkv=case.get("hkv", H))
+    kw: dict[str, Any] = {}
+    ref: dict[str, Any] = {}
+    if "score" in case:
+        kw["score_mod"], ref["score_mod"] = mods[case["score"]]
+    if "mask" in case:
+        mine, theirs = mods[case["mask"]]
+        nb, nh = (B, H) if case.get("bh") else (None, None)
+        kw["block_mask"] = pa.create_block_mask(
+            mine, nb, nh, L, L, block_size=BLOCK, xp=xp, device=backend.device
+        )
+        ref["mask_mod"] = theirs
+    if case.get("sinks"):
+        s = rng.standard_normal(H)
+        kw["sinks"], ref["sinks"] = backend.asarray(s, xp.float32), s
+    allowed = np.ones((B, H, L, L), dtype=bool)
+    if case.get("causal"):
+        kw["causal"] = True
+        allowed &= np.tril(np.ones((L, L), dtype=bool))
+    if "window" in case:
+        w = case["window"]
+        kw["window"] = w
+        i, j = np.arange(L)[:, None], np.arange(L)[None, :]
+        allowed &= abs(i - j) <= w
+    if "softcap" in case:
+        kw["softcap"] = ref["softcap"] = case["softcap"]
+    if case.get("bias"):
+        bias = rng.standard_normal((L, L))
+        kw["bias"], ref["bias"] = backend.asarray(bias, xp.float32), bias
+    if "scale" in case:
+        kw["scale"] = ref["scale"] = case["scale"]
+    if case.get("key_lengths"):
+        kw["key_lengths"] = backend.asarray(np.array([[L], [31]]))
+        allowed &= np.arange(L) < np.array([L, 31])[:, None, None, None]
+    ref["allowed"] = allowed
+    return kw, ref, arrs, (q, k, v)
+
+
+@pytest.mark.parametrize("impl", ["materialize", "blockwise", "auto"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_mods_equal_the_formula(
+    backend: Backend, rng: np.random.Generator, impl: str, name: str
+) -> None:
+    kw, ref, arrs, (q, k, v) = _case(backend, rng, CASES[name])
+    out, lse = pa.attention(q, k, v, impl=impl, return_lse=True, **kw)
+    want, weights, want_lse = flex_ref(*arrs, **ref)
+    assert_close_on(backend, out, want, dtype=backend.xp.float32)
+    assert_close_on(backend, lse, want_lse, dtype=backend.xp.float32)
+    got_w = pa.attention_weights(q, k, **kw)
+    assert_close_on(backend, got_w, weights, dtype=backend.xp.float32)
+
+
+# --- torch's own flex_attention as the oracle --------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_equals_torch_flex_attention(rng: np.random.Generator) -> None:
+    torch = pytest.importorskip("torch")  # in the test dependency group: present
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    n, hkv = 96, 2
+    q = torch.tensor(rng.standard_normal((B, H, n, D)), dtype=torch.float32)
+    k, v = (torch.tensor(rng.standard_normal((B, hkv, n, D)), dtype=torch.float32) for _ in "kv")
+    slopes = torch.linspace(0.05, 0.4, H)
+    doc = torch.arange(n) // 29
+    score_mod = alibi(slopes, _torch_xp())
+    mask_mod = documents(doc)
+    theirs = flex_attention(
+        q,
+        k,
+        v,
+        score_mod=score_mod,
+        block_mask=create_block_mask(mask_mod, None, None, n, n, device="cpu"),
+        enable_gqa=True,
+    )
+    mine_bm = pa.create_block_mask(mask_mod, None, None, n, n, block_size=32, xp=torch)
+    for impl in ("materialize", "blockwise"):
+        mine = pa.attention(q, k, v, score_mod=score_mod, block_mask=mine_bm, impl=impl)
+        assert float((mine - theirs).abs().max()) < 2e-6
+
+
+def _torch_xp() -> Any:
+    import array_api_compat.torch as txp
+
+    return txp
+
+
+# --- block sparsity is real --------------------------------------------------------------
+
+
+def test_work_follows_the_block_mask(rng: np.random.Generator) -> None:
+    """8 packed documents: the mods see about 1/8 of the pairs, the mask_mod only partial tiles."""
+    n, docs, block = 512, 8, (32, 32)
+    doc = np.arange(n) // (n // docs)
+    seen = {"score": 0, "mask": 0}
+
+    def score_mod(s: Any, b: Any, h: Any, q: Any, kv: Any) -> Any:
+        seen["score"] += q.shape[2] * kv.shape[3]
+        return s
+
+    def mask_mod(b: Any, h: Any, q: Any, kv: Any) -> Any:
+        seen["mask"] += q.shape[2] * kv.shape[3]
+        return (doc[q] == doc[kv]) & (q >= kv)
+
+    bm = pa.create_block_mask(mask_mod, None, None, n, n, block_size=block)
+    q, k, v = (rng.standard_normal((1, 2, n, 16)) for _ in "qkv")
+    seen.update(score=0, mask=0)
+    out = pa.attention(q, k, v, score_mod=score_mod, block_mask=bm, impl="blockwise")
+    tiles = np.bincount(np.asarray(bm.table).ravel(), minlength=3)  # empty, partial, full
+    area = block[0] * block[1]
+    assert seen["score"] == (tiles[1] + tiles[2]) * area  # every visited tile, nothing else
+    assert seen["mask"] == tiles[1] * area  # partial tiles only
+    assert seen["score"] <= n * n / docs + tiles[1] * area
+    want, _, _ = flex_ref(q, k, v, mask_mod=lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv))
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_empty_tiles_never_read_keys(backend: Backend, rng: np.random.Generator) -> None:
+    """Keys in blocks the mask hides from every query hold NaN: the output never sees them."""
+    xp = backend.xp
+    n = 64
+    hidden = (np.arange(n) >= 16) & (np.arange(n) < 32)  # key block 1 of 16
+    (q, _, _), arrs = _inputs(backend, rng)
+    kk, vv = np.array(arrs[1][..., :n, :]), np.array(arrs[2][..., :n, :])
+    kk[..., hidden, :] = np.nan
+    vv[..., hidden, :] = np.nan
+    keep = backend.asarray(~hidden)
+    bm = pa.create_block_mask(
+        lambda b, h, q, kv: keep[kv] & (q >= q),
+        None,
+        None,
+        L,
+        n,
+        block_size=BLOCK,
+        xp=xp,
+        device=backend.device,
+    )
+    out = pa.attention(
+        q,
+        backend.asarray(kk, xp.float32),
+        backend.asarray(vv, xp.float32),
+        block_mask=bm,
+        impl="blockwise",
+    )
+    want, _, _ = flex_ref(
+        arrs[0],
+        np.nan_to_num(kk),
+        np.nan_to_num(vv),
+        mask_mod=lambda b, h, q, kv: ~hidden[kv] & (q >= q),
+    )
+    assert_close_on(backend, out, want, dtype=xp.float32)
+
+
+# --- sinks ---------------------------------------------------------------------------------
+
+
+def test_sinks_merge_exactly_and_empty_rows_output_zero(rng: np.random.Generator) -> None:
+    q, k, v = (rng.standard_normal((B, H, 12, D)) for _ in "qkv")
+    sinks = rng.standard_normal(H)
+    whole, lse = pa.attention(q, k, v, sinks=sinks, return_lse=True)
+    first = pa.attention(q, k[..., :5, :], v[..., :5, :], sinks=sinks, return_lse=True)
+    rest = pa.attention(q, k[..., 5:, :], v[..., 5:, :], return_lse=True)
+    merged, merged_lse = pa.merge_attention([first[0], rest[0]], [first[1], rest[1]])
+    np.testing.assert_allclose(merged, whole, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(merged_lse, lse, rtol=1e-12)
+    # A row that sees no key: output 0, lse = sink; weights then sum to 0.
+    nothing = np.zeros((12, 12), dtype=bool)
+    for impl in ("materialize", "blockwise"):
+        out, lse0 = pa.attention(q, k, v, mask=nothing, sinks=sinks, impl=impl, return_lse=True)
+        assert not out.any()
+        np.testing.assert_array_equal(lse0, np.broadcast_to(sinks[:, None], (B, H, 12)))
+    w = pa.attention_weights(q, k, sinks=sinks)
+    np.testing.assert_allclose(w.sum(-1), 1 - np.exp(sinks[:, None] - lse), rtol=1e-12)
+
+
+# --- gradients -----------------------------------------------------------------------------
+
+
+def _torch_problem(rng: np.random.Generator, n: int = 37, hkv: int = H) -> tuple[Any, ...]:
+    import torch
+
+    def t(*shape: int) -> Any:
+        return torch.tensor(rng.standard_normal(shape), dtype=torch.float64, requires_grad=True)
+
+    q, k, v = t(B, H, n, D), t(B, hkv, n, D), t(B, hkv, n, D)
+    slopes, sinks, bias = t(H), t(H), t(n, n)
+    doc = torch.arange(n) // 11
+    bm = pa.create_block_mask(documents(doc), None, None, n, n, block_size=8, xp=torch)
+    return q, k, v, slopes, sinks, bias, bm
+
+
+def _loss(inputs: tuple[Any, ...], bm: Any, impl: str, xp: Any) -> Any:
+    q, k, v, slopes, sinks, bias = inputs
+    out, lse = pa.attention(
+        q,
+        k,
+        v,
+        score_mod=alibi(slopes, xp),
+        block_mask=bm,
+        sinks=sinks,
+        bias=bias,
+        impl=impl,
+        softcap=3.0,
+        return_lse=True,
+    )
+    w = xp.cos(xp.astype(xp.arange(D), out.dtype))
+    return xp.sum(out * w) + 0.3 * xp.sum(lse)
+
+
+@pytest.mark.parametrize("hkv", [H, 2])
+def test_torch_gradients_reach_every_input_deterministically(
+    rng: np.random.Generator, hkv: int
+) -> None:
+    import torch
+
+    *inputs, bm = _torch_problem(rng, hkv=hkv)
+    txp = _torch_xp()
+    want = torch.autograd.grad(_loss(tuple(inputs), bm, "materialize", txp), inputs)
+    got = torch.autograd.grad(_loss(tuple(inputs), bm, "blockwise", txp), inputs)
+    again = torch.autograd.grad(_loss(tuple(inputs), bm, "blockwise", txp), inputs)
+    for name, w, g, a in zip(
+        ("q", "k", "v", "slopes", "sinks", "bias"), want, got, again, strict=True
+    ):
+        assert float((w - g).abs().max()) < 1e-12 * max(1.0, float(w.abs().max())), name
+        assert torch.equal(g, a), f"{name}: two backward calls differ"
+
+
+def test_torch_gradcheck() -> None:
+    import torch
+
+    rng = np.random.default_rng(5)
+    n = 9
+
+    def t(*shape: int) -> Any:
+        return torch.tensor(rng.standard_normal(shape), dtype=torch.float64, requires_grad=True)
+
+    q, k, v, slopes, sinks = t(1, 2, n, 3), t(1, 2, n, 3), t(1, 2, n, 3), t(2), t(2)
+    bm = pa.create_block_mask(prefix_lm(3), None, None, n, n, block_size=4, xp=torch)
+    txp = _torch_xp()
+
+    def f(q: Any, k: Any, v: Any, slopes: Any, sinks: Any) -> Any:
+        return pa.attention(
+            q, k, v, score_mod=alibi(slopes, txp), block_mask=bm, sinks=sinks, impl="blockwise"
+        )
+
+    assert torch.autograd.gradcheck(f, (q, k, v, slopes, sinks))
+
+
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`:UserWarning")
+@pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")
+@pytest.mark.parametrize("backend_name", ["eager", "aot_eager"])
+def test_torch_compile_fullgraph(rng: np.random.Generator, backend_name: str) -> None:
+    import torch
+
+    *inputs, bm = _torch_problem(rng, n=40)
+    txp = _torch_xp()
+
+    def f(*args: Any) -> Any:
+        return _loss(args, bm, "blockwise", txp)
+
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(f)(*inputs).graph_break_count == 0
+    compiled = torch.compile(f, backend=backend_name, fullgraph=True)
+    got = torch.autograd.grad(compiled(*inputs), inputs)
+    want = torch.autograd.grad(f(*inputs), inputs)
+    for g, w in zip(got, want, strict=True):
+        assert float((g - w).abs().max()) < 1e-10
+
+
+def test_jax_gradients_jit_and_vmap(rng: np.random.Generator) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_enable_x64", True)  # float64, as portattn's backend loader sets it
+
+    n = 20
+    q, k, v = (jnp.asarray(rng.standard_normal((B, H, n, D))) for _ in "qkv")
+    slopes, sinks = jnp.asarray(rng.random(H)), jnp.asarray(rng.standard_normal(H))
+    bias = jnp.asarray(rng.standard_normal((n, n)))
+    doc = jnp.arange(n) // 7
+    bm = pa.create_block_mask(documents(doc), None, None, n, n, block_size=8, xp=jnp)
+
+    def loss(impl: str) -> Any:
+        return lambda *a: _loss(a, bm, impl, jnp)
+
+    args = (q, k, v, slopes, sinks, bias)
+    want = jax.grad(loss("materialize"), argnums=range(6))(*args)
+    got = jax.grad(loss("blockwise"), argnums=range(6))(*args)
+    jitted = jax.jit(jax.grad(loss("blockwise"), argnums=range(6)))(*args)
+    for w, g, j in zip(want, got, jitted, strict=True):
+        assert float(jnp.abs(w - g).max()) < 1e-12 * max(1.0, float(jnp.abs(w).max()))
+        assert float(jnp.abs(w - j).max()) < 1e-12 * max(1.0, float(jnp.abs(w).max()))
+
+    def one(qq: Any) -> Any:
+        return pa.attention(qq, k, v, score_mod=alibi(slopes, jnp), block_mask=bm, impl="blockwise")
+
+    batched = jax.vmap(one)(jnp.stack([q, 2 * q]))
+    assert float(jnp.abs(batched[1] - one(2 * q)).max()) < 1e-12
+
+
+# --- dask: the mods run inside each task, on the chunks' own arrays --------------------------
+
+
+@pytest.mark.parametrize("impl", ["auto", "blockwise", "materialize"])
+def test_dask_tasks_run_the_mods_with_absolute_positions(
+    rng: np.random.Generator, impl: str
+) -> None:
+    da = pytest.importorskip("dask.array")
+    from portattn._paths._dask import PAIR_PREFIX
+
+    n, docs = 96, 4
+    doc = np.arange(n) // (n // docs)
+    q = rng.standard_normal((B, H, n, D))
+    k, v = (rng.standard_normal((B, 2, n, D)) for _ in "kv")  # GQA: 2 key/value heads
+    slopes, sinks = np.linspace(0.1, 0.5, H), rng.standard_normal(H)
+    bm = pa.create_block_mask(documents(doc), None, None, n, n, block_size=12)  # NumPy
+    chunks = (1, 2, 24, D)  # 4 query and key chunks, one per document; batch and heads split
+    dq, dk, dv = (da.from_array(x, chunks=chunks) for x in (q, k, v))
+    out, lse = pa.attention(
+        dq,
+        dk,
+        dv,
+        score_mod=alibi(slopes),
+        block_mask=bm,
+        sinks=da.from_array(sinks),
+        impl=impl,
+        return_lse=True,
+    )
+    pairs = [
+        key
+        for key in out.__dask_graph__()
+        if isinstance(key, tuple) and key[0].startswith(PAIR_PREFIX)
+    ]
+    assert not pairs  # each query chunk sees one key chunk (its own document): no pair to merge
+    want, _, want_lse = flex_ref(
+        q, k, v, score_mod=alibi(slopes), mask_mod=documents(doc), sinks=sinks
+    )
+    np.testing.assert_allclose(out.compute(), want, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(lse.compute(), want_lse, rtol=1e-12)
+    # Smaller query chunks: several key chunks per query chunk, sinks added exactly once.
+    out2 = pa.attention(
+        da.from_array(q, chunks=(1, 2, 12, D)),
+        da.from_array(k, chunks=(1, 2, 12, D)),
+        da.from_array(v, chunks=(1, 2, 12, D)),
+        score_mod=alibi(slopes),
+        block_mask=bm,
+        sinks=da.from_array(sinks),
+        impl=impl,
+    )
+    graph = out2.__dask_graph__()
+    tiles = [key for key in graph if isinstance(key, tuple) and key[0].startswith(PAIR_PREFIX)]
+    # Per document and (batch, head) block: the second query chunk's two pairs
+    # get merged; the first sees one key chunk (its pair task is the output),
+    # and the pair (first query chunk, second key chunk) is EMPTY: no task.
+    assert len(tiles) == B * (H // 2) * docs * 2
+    np.testing.assert_allclose(out2.compute(), want, rtol=1e-12, atol=1e-13)
+
+
+# --- dtypes, GQA, errors ----------------------------------------------------------------------
+
+
+def test_a_promoting_mod_is_cast_back(rng: np.random.Generator) -> None:
+    q, k, v = (rng.standard_normal((1, 2, 10, 4)).astype(np.float32) for _ in "qkv")
+    slopes = np.array([0.1, 0.2], dtype=np.float32)
+
+    def promoting(s: Any, b: Any, h: Any, q_: Any, kv: Any) -> Any:
+        return s - slopes[h] * abs(q_ - kv)  # float32 * int64: float64
+
+    for impl in ("materialize", "blockwise"):
+        out = pa.attention(q, k, v, score_mod=promoting, impl=impl)
+        assert out.dtype == np.float32
+        want, _, _ = flex_ref(q, k, v, score_mod=promoting)
+        np.testing.assert_allclose(out, want, rtol=2e-6, atol=1e-6)
+
+
+def test_grouped_query_attention_equals_sdpa(rng: np.random.Generator) -> None:
+    import torch
+
+    q = torch.tensor(rng.standard_normal((2, 6, 9, 4)))
+    k, v = (torch.tensor(rng.standard_normal((2, 2, 9, 4))) for _ in "kv")
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=True
+    )
+    for impl in ("materialize", "blockwise", "native", "auto"):
+        got = pa.attention(q, k, v, causal=True, impl=impl)
+        assert float((got - want).abs().max()) < 1e-12, impl
+
+
+def test_bad_mods_are_named(rng: np.random.Generator) -> None:
+    q3 = rng.standard_normal((2, 10, 4))
+    q4 = rng.standard_normal((1, 2, 10, 4))
+    bm = pa.create_block_mask(prefix_lm(3), None, None, 10, 10, block_size=4)
+    with pytest.raises(ValueError, match=r"need 4-D \(B, H, L, d\) inputs"):
+        pa.attention(q3, q3, q3, score_mod=lambda s, b, h, q, kv: s)
+    with pytest.raises(TypeError, match="expected score_mod to be a function"):
+        pa.attention(q4, q4, q4, score_mod=3.0)
+    with pytest.raises(TypeError, match=r"expected block_mask to be a portattn\.BlockMask"):
+        pa.attention(q4, q4, q4, block_mask=np.ones((10, 10), dtype=bool))
+    with pytest.raises(ValueError, match="expected a block_mask built for"):
+        pa.attention(q4[..., :9, :], q4, q4, block_mask=bm)
+    with pytest.raises(ValueError, match="expected sinks to be broadcastable"):
+        pa.attention(q4, q4, q4, sinks=np.zeros(3))
+    with pytest.raises(TypeError, match="sinks"):
+        pa.attention(q4, q4, q4, sinks=np.zeros(2, dtype=np.int64))
+    with pytest.raises(ValueError, match="score_mod"):
+        pa.attention(q4, q4, q4, score_mod=lambda s, b, h, q, kv: s[..., :2, :])
+    bad = pa.create_block_mask(prefix_lm(3), None, None, 10, 10, block_size=4)
+    bad.mask_mod = lambda b, h, q, kv: q - kv  # not a boolean
+    with pytest.raises(TypeError, match="boolean"):
+        pa.attention(q4, q4, q4, block_mask=bad, impl="blockwise")
+
+
+def test_native_refuses_what_sdpa_cannot_do(rng: np.random.Generator) -> None:
+    import torch
+
+    q = torch.tensor(rng.standard_normal((1, 2, 10, 4)))
+    with pytest.raises(NotImplementedError, match="score_mod"):
+        pa.attention(q, q, q, score_mod=lambda s, b, h, qq, kv: s, impl="native")
+    with pytest.raises(NotImplementedError, match="sinks"):
+        pa.attention(q, q, q, sinks=torch.zeros(2, dtype=torch.float64), impl="native")
+    # A block mask alone is a mask: SDPA takes it exactly.
+    bm = pa.create_block_mask(prefix_lm(3), None, None, 10, 10, block_size=4, xp=torch)
+    got = pa.attention(q, q, q, block_mask=bm, impl="native")
+    want = pa.attention(q, q, q, block_mask=bm, impl="materialize")
+    assert float((got - want).abs().max()) < 1e-12
+
+
+def test_backward_skips_empty_tiles_too(rng: np.random.Generator) -> None:
+    import torch
+
+    n, block = 256, (32, 32)
+    doc = torch.arange(n) // (n // 8)
+    seen = {"score": 0, "mask": 0}
+
+    def score_mod(s: Any, b: Any, h: Any, q: Any, kv: Any) -> Any:
+        seen["score"] += q.shape[2] * kv.shape[3]
+        return s
+
+    def mask_mod(b: Any, h: Any, q: Any, kv: Any) -> Any:
+        seen["mask"] += q.shape[2] * kv.shape[3]
+        return (doc[q] == doc[kv]) & (q >= kv)
+
+    bm = pa.create_block_mask(mask_mod, None, None, n, n, block_size=block, xp=torch)
+    q, k, v = (torch.tensor(rng.standard_normal((1, 2, n, 8)), requires_grad=True) for _ in "qkv")
+    seen.update(score=0, mask=0)
+    out = pa.attention(q, k, v, score_mod=score_mod, block_mask=bm, impl="blockwise")
+    out.sum().backward()
+    tiles = np.bincount(np.asarray(bm.table).ravel(), minlength=3)
+    area = block[0] * block[1]
+    assert seen["score"] == 2 * (tiles[1] + tiles[2]) * area  # once forward, once backward
+    assert seen["mask"] == 2 * tiles[1] * area
