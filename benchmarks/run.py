@@ -8,7 +8,8 @@ processes hits peers alike; ratios are taken within a run. Writes
 
 Options: ``--quick`` (N up to 2048, 3 rounds; for a smoke test, not for the
 record), ``--dry-run`` (N=128, one round: a check that the script works, in
-seconds), ``--out DIR``; ``--help`` lists the rest.
+seconds), ``--only programmable`` (only the cases of ``programmable.py``,
+merged into the existing record), ``--out DIR``; ``--help`` lists the rest.
 
 Record schema (``cpu.json``; the Performance page reads it, defensively):
 
@@ -38,7 +39,9 @@ Record schema (``cpu.json``; the Performance page reads it, defensively):
   stages_us}``: each call's time over its hand-written peer's (``peers``: a
   causal call's peer writes the mask in);
 - ``profile``: per-pass time of one blockwise tile, per library (see
-  :func:`tile_profile`).
+  :func:`tile_profile`);
+- ``programmable``: block masks and score mods against FlexAttention and
+  portattn's dense calls (schema in ``programmable.py``).
 
 The method, the machine and the row fields are ``core.py``'s, shared with
 ``gpu.py``. Peak memory is measured with tracemalloc (NumPy reports its
@@ -687,6 +690,24 @@ def plots(record: dict[str, Any], out: Path) -> None:
     fig.savefig(out / "memory.png", dpi=110)
 
 
+def only_programmable(out: Path, *, rounds: int, quick: bool) -> None:
+    """Only the programmable-attention cases, merged into the record's ``programmable``."""
+    import programmable
+
+    name = "cpu-quick" if quick else "cpu"
+    path = out / f"{name}.json"
+    record = json.loads(path.read_text()) if path.exists() else {}
+    record["programmable"] = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "load_before": load(),
+        **programmable.run(rounds=rounds, quick=quick),
+        "load_after": load(),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"merged the programmable cases into {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N <= 2048, 3 rounds (smoke test)")
@@ -712,6 +733,12 @@ def main() -> None:
     )
     parser.add_argument("--memory-max-n", type=int, default=max(MEMORY_SIZES))
     parser.add_argument(
+        "--only",
+        choices=("programmable",),
+        help="run only these cases and merge them into the existing record "
+        "(programmable: block masks and score mods against FlexAttention; see programmable.py)",
+    )
+    parser.add_argument(
         "--no-dask",
         action="store_true",
         help="leave dask.json as it is (its rows take long on a shared machine)",
@@ -720,6 +747,11 @@ def main() -> None:
     if args.dry_run:
         args.quick, args.no_dask, args.rounds = True, True, 1
         args.max_n = args.memory_max_n = 128
+    if args.only == "programmable":
+        only_programmable(
+            args.out, rounds=args.rounds or (1 if args.dry_run else 5), quick=args.quick
+        )
+        return
     # The dask rows go to their own record: a full run writes them too.
     if args.dask_only or not (args.quick or args.no_dask):
         args.out.mkdir(parents=True, exist_ok=True)
