@@ -290,6 +290,18 @@ def test_native_impl_refuses_gemma2_soft_capping_by_name():
         model(input_ids=ids, attention_mask=mask)
 
 
+def test_gpt_oss_sinks_matter():
+    """gpt-oss's agreement with eager says something: with its sinks silenced the logits move."""
+    model = hf.tiny_model("gpt_oss", attn_implementation=PORTATTN)
+    with_sinks = logits_with(model, PORTATTN)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.fill_(-1e4)  # exp(-1e4) = 0: no sink
+    without = logits_with(model, PORTATTN)
+    real = batch()[1].bool()
+    assert (with_sinks[real] - without[real]).abs().max() > 1000 * TOL
+
+
 # T5 (encoder-decoder: relative position bias, cross-attention, a padded source)
 # and ModernBERT (a masked LM: bidirectional, a local layer, the deterministic hint).
 

@@ -16,7 +16,7 @@ __all__ = ["ARCHITECTURES", "NON_CAUSAL_ARCHITECTURES", "tiny_batch", "tiny_mode
 
 
 # Causal language models: each one generates, and is trained on next tokens.
-ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma2", "gpt2")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma2", "gpt2", "gpt_oss")
 # The others: T5 (encoder-decoder, relative position bias), ModernBERT (a
 # bidirectional encoder with local layers, a masked LM).
 NON_CAUSAL_ARCHITECTURES = ("t5", "modernbert")
