@@ -283,3 +283,51 @@ def test_block_masks_of_ready_made_mods_equal_brute_force():
                             else pa.BlockMask.EMPTY
                         )
                         assert bm.tile_kind(i, j, b=b, h=h) == want, name
+
+
+def dense_attention_or_zero(q, k, v, allowed, score_fn):
+    """:func:`dense_attention`, with 0 for a row that sees no key (as portattn and flex give)."""
+    seen = allowed.any(axis=-1, keepdims=True)
+    safe = np.where(seen, allowed, True)
+    return np.where(seen, dense_attention(q, k, v, safe, score_fn), 0.0)
+
+
+@pytest.mark.parametrize("impl", ["materialize", "blockwise", "auto"])
+def test_ready_made_mods_through_attention_equal_the_formula(backend: Backend, rng, impl):
+    """Every mask mod with a score mod, through pa.attention, against float64 formulas."""
+    xp = backend.xp
+    q, k, v = (rng.standard_normal((B, H, n, 8)) for n in (LQ, LK, LK))
+    args = [backend.asarray(a, xp.float64) for a in (q, k, v)]
+    scores = score_cases(backend, rng) * 3
+    for (name, mod, allowed), (sname, smod, formula) in zip(
+        mask_cases(backend), scores, strict=False
+    ):
+        mask = pa.create_block_mask(mod, B, H, LQ, LK, block_size=16, xp=xp, device=backend.device)
+        got = pa.attention(*args, score_mod=smod, block_mask=mask, impl=impl, block_size=16)
+        want = dense_attention_or_zero(q, k, v, allowed, formula)
+        np.testing.assert_allclose(
+            to_numpy(got), want, rtol=1e-10, atol=1e-12, err_msg=f"{name} + {sname}"
+        )
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")
+@pytest.mark.parametrize("impl", ["materialize", "blockwise"])
+def test_ready_made_mods_through_attention_equal_flex_attention(rng, impl):
+    """The same mods through pa.attention and through torch's flex_attention (eager, no grad)."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.attention import flex_attention as fa
+
+    from conftest import get_backend
+
+    on_torch = get_backend("torch")
+    tq, tk, tv = (torch.randn(B, H, n, 16) for n in (LQ, LK, LK))
+    scores = score_cases(on_torch, rng) * 3
+    for (name, mod, _), (sname, smod, _) in zip(mask_cases(on_torch), scores, strict=False):
+        theirs_mask = fa.create_block_mask(mod, B, H, LQ, LK, device="cpu", BLOCK_SIZE=16)
+        ours_mask = pa.create_block_mask(mod, B, H, LQ, LK, block_size=16, xp=torch)
+        with torch.no_grad():
+            want = fa.flex_attention(tq, tk, tv, score_mod=smod, block_mask=theirs_mask)
+        got = pa.attention(tq, tk, tv, score_mod=smod, block_mask=ours_mask, impl=impl)
+        np.testing.assert_allclose(
+            got.numpy(), want.numpy(), rtol=2e-5, atol=2e-5, err_msg=f"{name} + {sname}"
+        )
