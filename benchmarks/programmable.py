@@ -7,7 +7,8 @@ fresh-process child of the memory point.
 
 Every ratio is paired: per round each subject of a case runs once, in turn,
 and the ratio is the median over rounds of (subject time / peer time in the
-same round), so that the load of a shared machine hits both alike.
+same round), so that the load of a shared machine hits both alike. torch runs
+on one thread for every subject (see :func:`run`).
 
 Cases (B=1, H=8, d=64, float32; 8 packed documents of N/8 tokens, causal inside each):
 
@@ -291,8 +292,15 @@ def memory(n: int = MEMORY_N) -> dict[str, Any]:
 
 def run(*, rounds: int = 5, quick: bool = False) -> dict[str, Any]:
     """Every case, in one process (the memory point in a child); the record's ``programmable``."""
+    import torch
+
     sizes = SIZES[:1] if quick else SIZES
     rows: list[dict[str, Any]] = []
+    # One torch thread for every subject, FlexAttention's included: on a shared
+    # 2-core machine two threads made the same call vary 7x between rounds
+    # (0.7 s to 5.1 s), one thread by a few percent.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch.compile's CPU notices
         for n in sizes:
@@ -302,8 +310,10 @@ def run(*, rounds: int = 5, quick: bool = False) -> dict[str, Any]:
             rows += alibi("torch", n, rounds)
             rows += alibi("numpy", n, rounds)
         rows += block_masks(rounds)
+    torch.set_num_threads(threads)
+    config = {"B": B, "H": H, "d": D, "dtype": "float32", "documents": DOCS, "rounds": rounds}
     return {
-        "config": {"B": B, "H": H, "d": D, "dtype": "float32", "documents": DOCS, "rounds": rounds},
+        "config": {**config, "torch_threads": 1},
         "rows": rows,
         "memory": memory(2048 if quick else MEMORY_N),
     }
