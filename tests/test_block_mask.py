@@ -55,6 +55,7 @@ def mods_on(backend: Backend) -> dict[str, object]:
     }
 
 
+@pytest.mark.jax32  # JAX without x64: int32 index arrays
 @pytest.mark.parametrize("block_size", [16, (8, 32), 100])
 def test_kinds_equal_brute_force(backend: Backend, block_size):
     np_mods = mods_on_numpy()  # the oracle, evaluated densely
@@ -136,6 +137,7 @@ def test_kinds_equal_flex_attention_create_block_mask(block_size):
         np.testing.assert_array_equal(ours.to_dense(), theirs.to_dense().numpy() > 0)
 
 
+@pytest.mark.jax32  # JAX without x64: int32 index arrays
 def test_and_or_masks(backend: Backend):
     xp = backend.xp
     b, h, q, kv = tile_indices(range(1), range(1), range(6), range(6), xp=xp, device=backend.device)
@@ -162,6 +164,7 @@ def test_and_masks_serve_flex_attention():
     np.testing.assert_array_equal((ours.kinds == FULL).sum(-1), theirs.full_kv_num_blocks.numpy())
 
 
+@pytest.mark.jax32  # JAX without x64: int32 index arrays
 def test_tile_indices_are_absolute_positions_in_the_default_integer(backend: Backend):
     xp = backend.xp
     with warnings.catch_warnings():
@@ -175,10 +178,8 @@ def test_tile_indices_are_absolute_positions_in_the_default_integer(backend: Bac
     for a, values in zip(idx, ([2, 3], [1, 2, 3], [5, 6, 7, 8], [0, 1, 2]), strict=True):
         assert a.dtype == want
         np.testing.assert_array_equal(to_numpy(a).ravel(), values)
-    if backend.name == "jax":
-        import jax
-
-        assert want == (xp.int64 if jax.config.jax_enable_x64 else xp.int32)
+    if backend.name.startswith("jax"):  # the fixture sets x64 on for "jax", off for "jax32"
+        assert want == (xp.int32 if backend.name == "jax32" else xp.int64)
 
 
 def test_apply_score_mod_casts_back_and_broadcasts(backend: Backend):

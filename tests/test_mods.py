@@ -55,6 +55,7 @@ def mask_cases(backend: Backend) -> list[tuple[str, object, np.ndarray]]:
     return [(n, m, np.broadcast_to(w, (B, H, LQ, LK))) for n, m, w in cases]
 
 
+@pytest.mark.jax32  # JAX without x64: int32 ids and index arrays
 def test_mask_mods_equal_their_formulas(backend: Backend):
     idx = tile_indices(
         range(B), range(H), range(LQ), range(LK), xp=backend.xp, device=backend.device
@@ -65,6 +66,7 @@ def test_mask_mods_equal_their_formulas(backend: Backend):
         np.testing.assert_array_equal(got, want, err_msg=name)
 
 
+@pytest.mark.jax32  # JAX without x64: int32 ids and index arrays
 def test_mask_mods_on_a_tile_see_absolute_positions(backend: Backend):
     """A tile in the middle of the grid: the mod must read positions, not tile offsets."""
     idx = tile_indices(
