@@ -111,7 +111,9 @@ def _flex() -> tuple[Any, Any]:
     import torch
     from torch.nn.attention import flex_attention as fa
 
-    return torch.compile(fa.flex_attention), fa.create_block_mask
+    # dynamic=False: with a second N, dynamo's default recompiles with symbolic
+    # sizes, and inductor's C++ for that graph does not compile (torch 2.13 CPU).
+    return torch.compile(fa.flex_attention, dynamic=False), fa.create_block_mask
 
 
 def documents_torch(n: int, rounds: int) -> list[dict[str, Any]]:
