@@ -388,7 +388,7 @@ def chapter_stages(rounds: int, loops: int = 2000) -> dict[str, float]:
     """Median microseconds of each stage of a 6 x 8 call, run on its own."""
     import portattn as pa
     from portattn._attention import solve
-    from portattn._core._problem import prepare
+    from portattn._core._prepare import prepare
     from portattn._lib._compat import array_namespace
 
     rng = np.random.default_rng(0)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import portattn as pa
-from portattn._core._problem import Problem, prepare
+from portattn._core._prepare import prepare
+from portattn._core._problem import Problem
 from portattn._paths import _blockwise
 from portattn.testing import assert_close, to_numpy
 

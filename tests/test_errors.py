@@ -304,14 +304,14 @@ def test_the_memo_skips_only_repeat_numpy_checks(small_np, monkeypatch):
     """A repeat NumPy call skips the checks and gives the same bits; torch never skips them."""
     import torch
 
-    from portattn._core import _problem
+    from portattn._core import _prepare
 
     calls = []
-    validate = _problem._validate
+    validate = _prepare._validate
     monkeypatch.setattr(
-        _problem, "_validate", lambda *a, **kw: calls.append(1) or validate(*a, **kw)
+        _prepare, "_validate", lambda *a, **kw: calls.append(1) or validate(*a, **kw)
     )
-    monkeypatch.setattr(_problem, "_PLANS", {})
+    monkeypatch.setattr(_prepare, "_PLANS", {})
     q, k, v = small_np
     first = pa.attention(q, k, v, causal=True)
     again = pa.attention(q, k, v, causal=True)

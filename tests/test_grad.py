@@ -18,7 +18,7 @@ import torch
 
 import portattn as pa
 from portattn import _attention
-from portattn._core._problem import prepare
+from portattn._core._prepare import prepare
 from portattn._grad._backward import blockwise_backward
 
 F = torch.nn.functional

@@ -14,7 +14,8 @@ from typing import Literal, get_args
 from ._core._block_mask import BlockMask
 from ._core._masks import Causal
 from ._core._mods import ScoreMod
-from ._core._problem import Problem, prepare
+from ._core._prepare import prepare
+from ._core._problem import Problem
 from ._grad._autodiff import blockwise_attention
 from ._lib._checks import check_array, check_flag, check_int_pair
 from ._lib._compat import array_namespace, namespace_library

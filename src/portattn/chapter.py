@@ -20,7 +20,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from ._attention import solve_weights
-from ._core._problem import prepare
+from ._core._prepare import prepare
 from ._core._softmax import masked_softmax
 from ._layers._head import Head
 from ._lib._compat import resolve_namespace

@@ -2,7 +2,7 @@
 
 Besides ``query``, ``key``, ``value`` and ``scale``, a call may ask for a
 mask, a bias, padding lengths, causal or windowed positions and soft-capped
-scores. :func:`~portattn._core._problem.prepare` gathers them into one
+scores. :func:`~portattn._core._prepare.prepare` gathers them into one
 :class:`Variant`, checks it once and lays its arrays out for the paths; the
 paths, the dask pair tasks and the autodiff adapters read that value rather
 than a list of keywords. A new option is a new field here (and, if it is an

@@ -8,7 +8,7 @@ import numpy as np
 
 from .._attention import solve, solve_weights
 from .._core._masks import Causal
-from .._core._problem import prepare
+from .._core._prepare import prepare
 from .._lib._checks import (
     check_array,
     check_flag,

@@ -20,7 +20,8 @@ from contextlib import nullcontext
 
 from .._attention import solve, solve_weights
 from .._core._masks import Causal
-from .._core._problem import Problem, prepare
+from .._core._prepare import prepare
+from .._core._problem import Problem
 from .._lib._checks import check_real, dtype_name
 from .._lib._compat import array_namespace, device_of
 from .._lib._typing import Array, Namespace

@@ -6,7 +6,7 @@ generic path computes:
 - torch: :func:`torch.nn.functional.scaled_dot_product_attention`;
 - JAX: :func:`jax.nn.dot_product_attention`.
 
-Both receive the problem as :func:`~portattn._problem.prepare` left it: ``q``
+Both receive the problem as :func:`~portattn._core._prepare.prepare` left it: ``q``
 already multiplied by the scale (so the kernel's scale is 1) and in the
 compute dtype (float32 for half types), and every position-derived mask
 (causal in either alignment, windows, key and query lengths) folded into one

@@ -1,0 +1,357 @@
+"""Validate the arguments of an attention call once, into the :class:`Problem` every path shares.
+
+:func:`prepare` is the only place, besides the public signatures of
+:func:`~portattn.attention` and :func:`~portattn.attention_weights`, that
+lists the options: it gathers them into one
+:class:`~portattn._core._variant.Variant`, which :func:`_validate` checks by
+its own description of each array (:data:`Variant.ARRAYS`), and hands the
+paths a :class:`~portattn._core._problem.Problem`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from .._lib._checks import (
+    broadcast_shapes,
+    check_array,
+    check_bool,
+    check_finite_scale,
+    check_floating,
+    check_known_shape,
+    check_rank,
+    check_same_device,
+    dtype_name,
+    has_kind,
+)
+from .._lib._compat import namespace_library
+from .._lib._precision import compute_dtype
+from .._lib._typing import Array, Device, DType, Namespace
+from ._flex import flex_mods
+from ._masks import Structure, length_mask, normalize_causal, normalize_window
+from ._mods import index_dtype
+from ._problem import Problem
+from ._variant import Variant
+
+__all__ = ["expand_kv_heads", "prepare"]
+
+
+def _align(x: Array, ndim: int, *, xp: Namespace) -> Array:
+    """Prepend unit axes so that ``x`` has ``ndim`` dimensions."""
+    if x.ndim == ndim:
+        return x
+    return xp.reshape(x, (1,) * (ndim - x.ndim) + tuple(x.shape))
+
+
+def _as(x: Array, dtype: DType, *, xp: Namespace) -> Array:
+    """``x`` in ``dtype``, without a copy (or a call) when it already is."""
+    return x if x.dtype == dtype else xp.astype(x, dtype)
+
+
+# Calls repeat their options, so structures (a few ints each, never an array)
+# are memoised in a plain dict: ``functools.lru_cache`` makes torch.compile
+# warn on every function it traces through.
+_STRUCTURES: dict[tuple[int, int, bool | str, tuple[int, int] | None], Structure] = {}
+_STRUCTURES_MAX = 256
+
+
+def _structure(lq: int, lk: int, causal: bool | str, window: tuple[int, int] | None) -> Structure:
+    """:meth:`Structure.build` on already validated options, memoised: calls repeat them."""
+    key = (lq, lk, causal, window)
+    s = _STRUCTURES.get(key)
+    if s is None:
+        s = Structure.build(lq, lk, causal, window)
+        if len(_STRUCTURES) >= _STRUCTURES_MAX:
+            _STRUCTURES.clear()
+        _STRUCTURES[key] = s
+    return s
+
+
+# What _validate decides: batch, structure, output dtype, compute dtype,
+# device, scale, and the variant laid out for the paths. Memoised for NumPy
+# calls without array options (their variant holds no array).
+_Plan = tuple[tuple[int, ...], Structure, DType, DType, Device, float, Variant]
+_PLANS: dict[tuple[object, ...], _Plan] = {}
+
+
+def _check_arrays(
+    arrays: list[tuple[str, Array]], options: list[tuple[str, Array]], *, xp: Namespace
+) -> None:
+    """Every check on the arrays alone, in one fixed order: the first problem found is reported."""
+    present = arrays + options
+    for name, x in present:
+        check_array(name, x)
+    for name, x in arrays:
+        check_floating(name, x, xp=xp)
+    for name, x in arrays:
+        check_rank(name, x, 2, "(..., length, features)")
+    for name, x in present:
+        check_known_shape(name, x)  # before any size is read
+    for name, x in options:
+        kind = Variant.ARRAYS[name].kind
+        if kind == "bool":
+            check_bool(name, x, xp=xp)
+        elif kind == "floating":
+            check_floating(name, x, xp=xp)
+        elif not has_kind(x.dtype, "integral", xp=xp):
+            got = dtype_name(x.dtype)
+            msg = f"expected {name} to be an integer array of valid lengths, got {got}"
+            raise TypeError(msg)
+
+
+def _check_sizes(query: Array, key: Array, value: Array | None) -> None:
+    d, lk = query.shape[-1], key.shape[-2]
+    if key.shape[-1] != d:
+        msg = (
+            f"expected key to have feature size d={d} like query {tuple(query.shape)}, "
+            f"got key shape {tuple(key.shape)}"
+        )
+        raise ValueError(msg)
+    if value is not None and value.shape[-2] != lk:
+        msg = (
+            f"expected value to have Lk={lk} rows like key {tuple(key.shape)}, "
+            f"got value shape {tuple(value.shape)}"
+        )
+        raise ValueError(msg)
+
+
+def _batch(
+    arrays: list[tuple[str, Array]], options: list[tuple[str, Array]], lq: int, lk: int
+) -> tuple[int, ...]:
+    """The batch shape every array broadcasts to; options may add axes the inputs lack."""
+    batch = tuple(arrays[0][1].shape[:-2])
+    for _, x in arrays[1:]:
+        if tuple(x.shape[:-2]) != batch:
+            batch = broadcast_shapes([(name, tuple(x.shape[:-2])) for name, x in arrays])
+            break
+    for name, x in options:
+        if Variant.ARRAYS[name].layout == "batch":
+            batch = broadcast_shapes([("the batch shape", batch), (name, tuple(x.shape))])
+            continue
+        if x.ndim < 2:
+            check_rank(name, x, 2, f"broadcastable to (..., Lq={lq}, Lk={lk})")
+        full = broadcast_shapes([("the scores", (*batch, lq, lk)), (name, tuple(x.shape))])
+        if full[-2:] != (lq, lk):
+            msg = (
+                f"expected {name} to be broadcastable to (..., {lq}, {lk}), "
+                f"got shape {tuple(x.shape)}"
+            )
+            raise ValueError(msg)
+        batch = full[:-2]
+    return batch
+
+
+def _laid_out(
+    asked: Variant,
+    options: list[tuple[str, Array]],
+    nb: int,
+    work: DType,
+    sizes: tuple[int, int],
+    *,
+    xp: Namespace,
+    device: Device,
+) -> Variant:
+    """``asked`` with its arrays aligned to ``nb`` batch axes, floating ones in ``work``.
+
+    ``asked`` itself where every array already fits: building a variant
+    costs a small call about a microsecond.
+    """
+    changed = []
+    lq, lk = sizes
+    for name, x in options:
+        spec = Variant.ARRAYS[name]
+        y = x
+        if spec.kind == "floating":
+            y = _as(y, work, xp=xp)
+        elif spec.kind == "lengths":
+            # Compared with positions in one wide index dtype whatever their
+            # own: int8 lengths would wrap past 127 (showing padded keys),
+            # and torch cannot compare uint64 with int64 at all.
+            y = _lengths(y, lk if name == "key_lengths" else lq, xp=xp, device=device)
+        y = _align(y, nb + 2 if spec.layout == "scores" else nb, xp=xp)
+        if y is not x:
+            changed.append((name, y))
+    return asked.with_arrays(changed) if changed else asked
+
+
+def _validate(
+    query: Array, key: Array, value: Array | None, asked: Variant, scale: object, *, xp: Namespace
+) -> _Plan:
+    """Every check of :func:`prepare` on the arrays, and what they decide."""
+    # A small call is dominated by this bookkeeping, so nothing is looked at twice.
+    arrays = [("query", query), ("key", key)]
+    if value is not None:
+        arrays.append(("value", value))
+    options = asked.arrays()
+    _check_arrays(arrays, options, xp=xp)
+    _check_sizes(query, key, value)
+    dev = check_same_device(arrays + options)
+    # Sizes as the library gives them: int() would force a sync or a
+    # specialisation on libraries whose sizes are symbolic.
+    lq, lk, d = query.shape[-2], key.shape[-2], query.shape[-1]
+    batch = _batch(arrays, options, lq, lk)
+    structure = _structure(lq, lk, asked.causal, asked.window)
+    if scale is not None:
+        scale_value = check_finite_scale(scale)
+    else:  # d == 0: every score is an empty sum, 0, whatever the scale
+        scale_value = 1.0 / math.sqrt(d) if d > 0 else 1.0
+    out_dtype = query.dtype
+    if key.dtype != out_dtype or (value is not None and value.dtype != out_dtype):
+        out_dtype = xp.result_type(*(x.dtype for _, x in arrays))
+    work = compute_dtype(out_dtype, xp=xp)
+    variant = _laid_out(asked, options, len(batch), work, (lq, lk), xp=xp, device=dev)
+    return batch, structure, out_dtype, work, dev, scale_value, variant
+
+
+def prepare(
+    query: Array,
+    key: Array,
+    value: Array | None,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    causal: object = False,
+    scale: float | None = None,
+    window: int | tuple[int, int] | None = None,
+    key_lengths: Array | None = None,
+    query_lengths: Array | None = None,
+    softcap: float | None = None,
+    score_mod: object = None,
+    block_mask: object = None,
+    sinks: Array | None = None,
+    xp: Namespace,
+) -> Problem:
+    """Check every argument and return the problem in compute precision.
+
+    ``value=None`` validates a weights-only call (:func:`attention_weights`).
+    Options are validated before anything is cached on them.
+    """
+    if causal is not False:  # the defaults need no call: a small call feels each
+        causal = normalize_causal(causal)
+    if window is not None:
+        window = normalize_window(window)
+    cap = None if softcap is None else _check_softcap(softcap)
+    key, value = expand_kv_heads(query, key, value, xp=xp)
+    plan = None
+    memo: tuple[object, ...] | None = None
+    if (
+        mask is None
+        and bias is None
+        and key_lengths is None
+        and query_lengths is None
+        and sinks is None
+        and type(query) is np.ndarray
+        and type(key) is np.ndarray
+        and (value is None or type(value) is np.ndarray)
+        and (scale is None or type(scale) is float or type(scale) is int)
+    ):
+        # The checks below depend on nothing but these: a repeat NumPy call
+        # (the chapter's size is dominated by such bookkeeping) skips them.
+        # (``xp`` is these arrays' namespace: callers look it up from them.)
+        memo = (query.dtype, query.shape, key.dtype, key.shape, causal, window, scale, cap)
+        if value is not None:
+            memo += (value.dtype, value.shape)
+        plan = _PLANS.get(memo)
+    if plan is None:
+        asked = Variant(
+            mask=mask,
+            bias=bias,
+            key_lengths=key_lengths,
+            query_lengths=query_lengths,
+            causal=causal,
+            window=window,
+            softcap=cap,
+            sinks=sinks,
+        )
+        plan = _validate(query, key, value, asked, scale, xp=xp)
+        if memo is not None:
+            if len(_PLANS) >= _STRUCTURES_MAX:
+                _PLANS.clear()
+            _PLANS[memo] = plan
+    p = _problem(query, key, value, plan, xp=xp)
+    if score_mod is None and block_mask is None:
+        return p
+    mods = flex_mods(score_mod, block_mask, batch=p.batch, lq=p.lq, lk=p.lk)
+    return dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods))
+
+
+def expand_kv_heads(
+    query: Array, key: Array, value: Array | None, *, xp: Namespace
+) -> tuple[Array, Array | None]:
+    """Grouped-query attention: ``Hkv`` key/value heads shared by ``H = G * Hkv`` query heads.
+
+    On (..., H, L, d) inputs whose key has ``Hkv`` heads, ``1 < Hkv < H``
+    dividing ``H``, query head ``h`` reads key/value head ``h // G`` (as
+    SDPA's ``enable_gqa``); the heads are repeated here, so every path sees
+    plain multi-head attention and gradients sum back over each group.
+    """
+    nq, nk = getattr(query, "ndim", 0), getattr(key, "ndim", 0)  # not yet validated
+    if nq < 3 or nk < 3 or nq != nk:
+        return key, value
+    h, hkv = query.shape[-3], key.shape[-3]
+    if h == hkv or hkv == 1 or hkv == 0 or h % hkv != 0:
+        return key, value
+    if value is not None and getattr(value, "ndim", 0) == nk and value.shape[-3] != hkv:
+        return key, value  # not a GQA layout: validation names the mismatch
+    g = h // hkv
+
+    def repeat(x: Array) -> Array:
+        lead, n, tail = tuple(x.shape[:-3]), x.shape[-3], tuple(x.shape[-2:])
+        grown = xp.broadcast_to(x[..., None, :, :], (*lead, n, g, *tail))  # (..., Hkv, G, L, d)
+        return xp.reshape(grown, (*lead, n * g, *tail))
+
+    return repeat(key), None if value is None else repeat(value)
+
+
+def _problem(
+    query: Array, key: Array, value: Array | None, plan: _Plan, *, xp: Namespace
+) -> Problem:
+    """The arrays in compute precision (``q`` scaled, padding zeroed), with ``plan``'s facts."""
+    batch, structure, out_dtype, work, dev, scale_value, variant = plan
+    # Inline rather than _as(): at the chapter's size every call shows.
+    q = (query if query.dtype == work else xp.astype(query, work)) * scale_value
+    k = key if key.dtype == work else xp.astype(key, work)
+    v = value if value is None or value.dtype == work else xp.astype(value, work)
+    if variant.key_lengths is not None:
+        # What lies beyond a length is padding, often garbage: zero it, so that
+        # inf or NaN there never meets a zero weight (0 * NaN = NaN) on any path.
+        lk = structure.lk
+        keep = length_mask(variant.key_lengths, lk, 0, lk, xp=xp, device=dev)[..., :, None]
+        k = xp.where(keep, k, 0.0)  # (..., Lk, d)
+        if v is not None:
+            v = xp.where(keep, v, 0.0)
+    # Positional, in field order: keywords cost a small call half a microsecond.
+    return Problem(q, k, v, variant, structure, batch, out_dtype, dev, scale_value)
+
+
+def _lengths(x: Array, n: int, *, xp: Namespace, device: Device) -> Array:
+    """Lengths along an axis of size ``n`` in the index dtype.
+
+    int32 stays int32; anything else becomes the namespace's index dtype
+    (int64, or int32 under JAX without x64: asking for int64 there would warn
+    and silently give int32). Where that cast could wrap (uint32's 0xFFFFFFFF
+    is -1 as int32, uint64 past 2**63 is negative as int64), the lengths are
+    first clipped to ``[0, n]`` in their own dtype, which shows the same
+    keys. torch has no arithmetic on uint64: its values past 2**63 are not
+    lengths anyone has, and are cast as they are.
+    """
+    target = index_dtype(xp=xp, device=device)
+    if x.dtype == target or x.dtype == xp.int32:
+        return x
+    have, want = xp.iinfo(x.dtype), xp.iinfo(target)
+    if have.max > want.max and not (namespace_library(xp) == "torch" and have.bits == 64):
+        x = xp.clip(x, None, min(n, have.max))
+    if have.min < want.min:
+        x = xp.clip(x, 0, None)
+    return xp.astype(x, target)
+
+
+def _check_softcap(softcap: object) -> float:
+    value = check_finite_scale(softcap, name="softcap")
+    if value <= 0:
+        msg = f"expected softcap to be a positive finite number or None, got {value}"
+        raise ValueError(msg)
+    return value
