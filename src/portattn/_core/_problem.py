@@ -131,7 +131,7 @@ class Problem:
     def scores(
         self, q_block: Array, k_t: Array, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace
     ) -> Array:
-        """Scores of the tile ``[q0, q1) x [k0, k1)``: scaled, soft-capped, plus bias, then ``score_mod``.
+        """Scores of the tile ``[q0, q1) x [k0, k1)``: scaled, capped, biased, then ``score_mod``.
 
         ``q_block`` is ``q[..., q0:q1, :]`` and ``k_t`` the transposed keys
         ``k[..., k0:k1, :]ᵀ``; both are passed in so that callers slice once
