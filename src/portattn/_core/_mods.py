@@ -97,6 +97,33 @@ def _name_of(mod: object) -> str:
     return getattr(mod, "__name__", type(mod).__name__)
 
 
+def _check_library(what: str, mod: object, got: object, idx: Indices) -> None:
+    """Refuse a result from another library than the mod's index arguments.
+
+    The usual cause: ids or a table captured as NumPy while attention runs
+    on torch (NumPy then indexes with the tensors and quietly returns NumPy),
+    or captured as torch while a block mask is built with NumPy. Either
+    would fail deep inside the path, far from the mod that caused it.
+    """
+    if not hasattr(got, "shape"):
+        return  # not an array at all: the dtype check names it
+    have, want = _library(got), _library(idx[2])
+    if have != want:
+        msg = (
+            f"expected {what} {_name_of(mod)} to return an array of {want}, the library of "
+            f"its index arguments, got {type(got).__module__}.{type(got).__name__}: capture "
+            f"{want} arrays in the mod (ids, slopes, tables), or build the block mask "
+            f"with xp= the library of the arrays it captures"
+        )
+        raise TypeError(msg)
+
+
+def _library(x: object) -> str:
+    """The top-level package an array's type comes from (jaxlib's arrays count as JAX's)."""
+    top = type(x).__module__.partition(".")[0]
+    return "jax" if top == "jaxlib" else top
+
+
 def apply_mask_mod(mask_mod: MaskMod, idx: Indices, *, xp: Namespace) -> Array:
     """``mask_mod(*idx)`` checked, as a 4-D boolean array that broadcasts to the tile.
 
@@ -105,6 +132,7 @@ def apply_mask_mod(mask_mod: MaskMod, idx: Indices, *, xp: Namespace) -> Array:
     """
     tile = _tile_shape(idx)
     got = mask_mod(*idx)
+    _check_library("mask_mod", mask_mod, got, idx)
     shape = tuple(getattr(got, "shape", ()))
     dtype = getattr(got, "dtype", None)
     if dtype is None or not has_kind(dtype, "bool", xp=xp):
@@ -133,6 +161,7 @@ def apply_score_mod(score_mod: ScoreMod, score: Array, idx: Indices, *, xp: Name
     broadcast. Anything else is refused, naming the mod.
     """
     got = score_mod(score, *idx)
+    _check_library("score_mod", score_mod, got, idx)
     dtype = getattr(got, "dtype", None)
     if dtype is None or not (
         has_kind(dtype, "real floating", xp=xp) or has_kind(dtype, "integral", xp=xp)
