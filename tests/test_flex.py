@@ -333,6 +333,33 @@ def test_torch_gradcheck() -> None:
     assert torch.autograd.gradcheck(f, (q, k, v, slopes, sinks))
 
 
+def test_torch_double_backward_through_mods() -> None:
+    """A constant score_mod: second order equals materialize's. Captured tensors: refused."""
+    import torch
+
+    rng = np.random.default_rng(6)
+    n = 9
+
+    def t(*shape: int) -> Any:
+        return torch.tensor(rng.standard_normal(shape), dtype=torch.float64, requires_grad=True)
+
+    q, k, v = t(1, 2, n, 3), t(1, 2, n, 3), t(1, 2, n, 3)
+    bm = pa.create_block_mask(prefix_lm(3), None, None, n, n, block_size=4, xp=torch)
+    txp = _torch_xp()
+    constant = alibi(torch.tensor([0.3, 0.7], dtype=torch.float64), txp)
+
+    def f(q: Any, k: Any, v: Any) -> Any:
+        return pa.attention(q, k, v, score_mod=constant, block_mask=bm, impl="blockwise")
+
+    assert torch.autograd.gradgradcheck(f, (q, k, v))
+    slopes = torch.tensor([0.3, 0.7], dtype=torch.float64, requires_grad=True)
+    out = pa.attention(q, k, v, score_mod=alibi(slopes, txp), block_mask=bm, impl="blockwise")
+    with pytest.raises(NotImplementedError, match=r"double backward .* captures tensors"):
+        torch.autograd.grad(out.sum(), q, create_graph=True)
+    (g,) = torch.autograd.grad(out.sum(), q)  # a first-order gradient still works
+    assert g.shape == q.shape
+
+
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`:UserWarning")
 @pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")
 @pytest.mark.parametrize("backend_name", ["eager", "aot_eager"])

@@ -15,6 +15,8 @@ The backward is itself differentiable: under ``create_graph=True`` the
 recomputation it does is recorded like any other torch code, so double
 backward (gradient penalties, Hessian-vector products) works. Only the first
 backward keeps O(Lq + Lk) memory; the graph of the second holds its tiles.
+The exception: a ``score_mod`` that captures tensors requiring grad, whose
+per-tile vjp a second differentiation cannot see; that is refused.
 """
 
 from __future__ import annotations
@@ -100,6 +102,16 @@ class BlockwiseAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, d_out: Array | None, d_lse: Array | None) -> tuple[Any, ...]:
         *arrays, out, lse = ctx.saved_tensors
+        if ctx.captures and torch.is_grad_enabled():
+            # The mod's per-tile vjp reaches its captured tensors through a
+            # graph of its own, which a second differentiation does not see:
+            # the result would be silently wrong, so it is refused here.
+            msg = (
+                "double backward (create_graph=True, or a torch.func transform) through the "
+                "blockwise path is not supported for a score_mod that captures tensors "
+                "requiring grad; use impl='materialize' for that call, or capture constants"
+            )
+            raise NotImplementedError(msg)
         if d_out is None:
             d_out = torch.zeros_like(out)
         full = ctx.frame.with_arrays(tuple(arrays))
