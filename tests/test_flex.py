@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import portattn as pa
+from portattn.testing import to_numpy
 
 from conftest import Backend, assert_close_on
 from reference import flex_ref
@@ -135,6 +136,41 @@ def test_mods_equal_the_formula(
     assert_close_on(backend, lse, want_lse, dtype=backend.xp.float32)
     got_w = pa.attention_weights(q, k, **kw)
     assert_close_on(backend, got_w, weights, dtype=backend.xp.float32)
+
+
+@pytest.mark.parametrize("impl", ["materialize", "blockwise", "auto"])
+def test_distant_and_minus_inf_scores_weigh_exactly_nothing(
+    backend: Backend, rng: np.random.Generator, impl: str
+) -> None:
+    """Steep ALiBi sends most scores far below their row's max, and a mod's -inf hides keys.
+
+    Neither raises a floating-point flag, the result is the formula's, and
+    keys a score_mod scores -inf weigh exactly 0: a huge finite value there
+    leaves the output bit-for-bit unchanged (the blockwise path never hands
+    ``exp`` such inputs, see ``_softmax.floored_exp``).
+    """
+    xp = backend.xp
+    slopes = np.array([0.5, 2.0, 8.0, 32.0])
+
+    def steep(mod_xp: Any, s_arr: Any) -> Any:
+        def mod(s: Any, b: Any, h: Any, q: Any, kv: Any) -> Any:
+            far = s - s_arr[h] * mod_xp.astype(abs(q - kv), s.dtype)
+            return mod_xp.where(kv % 5 == 3, -mod_xp.inf, far)  # every fifth key hidden
+
+        return mod
+
+    (q, k, v), arrs = _inputs(backend, rng)
+    mine = steep(xp, backend.asarray(slopes, xp.float32))
+    want, _, want_lse = flex_ref(*arrs, score_mod=steep(np, slopes))
+    with np.errstate(all="raise"):
+        out, lse = pa.attention(q, k, v, impl=impl, return_lse=True, score_mod=mine)
+    assert_close_on(backend, out, want, dtype=xp.float32)
+    assert_close_on(backend, lse, want_lse, dtype=xp.float32)
+    poisoned = arrs[2].copy()
+    poisoned[..., 3::5, :] = 1e30  # only on keys the mod scores -inf
+    with np.errstate(all="raise"):
+        again = pa.attention(q, k, backend.asarray(poisoned, xp.float32), impl=impl, score_mod=mine)
+    np.testing.assert_array_equal(to_numpy(again), to_numpy(out))
 
 
 # --- torch's own flex_attention as the oracle --------------------------------------------

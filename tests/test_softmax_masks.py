@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -109,3 +111,67 @@ def test_softmax_documented_non_finite_inputs(backend: Backend):
         got = to_numpy(pa.softmax(x))
     assert np.isnan(got[:2]).all()  # +inf or NaN in a slice: all of it NaN, as documented
     np.testing.assert_array_equal(got[2:], [[0, 0], [0, 1]])
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+def test_floored_exp_is_safe_exp_without_the_slow_inputs(backend: Backend, dtype_name):
+    """Exact 0 at or below its floor (-inf too), NaN kept, no weight below exp(exp_floor)."""
+    from portattn._core import _softmax
+
+    xp = backend.xp
+    dtype = getattr(xp, dtype_name)
+    floor = _softmax.exp_floor(dtype, xp=xp)
+    high = floor - math.log(float(np.finfo(dtype_name).eps))
+    z = np.concatenate(
+        [
+            -np.geomspace(1e-8, 1e3, 4001),  # around and across both floors
+            np.linspace(high - 1, high + 1, 999),
+            [0.0, high, floor, -1e30, -np.inf, np.nan],
+        ]
+    ).astype(dtype_name)  # compared in the dtype computed in, floor rounded alike
+    high = np.dtype(dtype_name).type(high)
+    with np.errstate(all="raise"):
+        got = to_numpy(_softmax.floored_exp(backend.asarray(z, dtype), floor, xp=xp))
+        want = to_numpy(_softmax.safe_exp(backend.asarray(z, dtype), floor, xp=xp))
+    assert np.isnan(got[-1]) and not np.isnan(got[:-1]).any()
+    got, want, z = got[:-1], want[:-1], z[:-1]
+    np.testing.assert_array_equal(got[z <= high], 0.0)
+    assert (got >= 0).all()
+    assert (got[got > 0] >= np.exp(floor) * (1 - 1e-6)).all()  # never near a subnormal
+    # Above the floor the weight moves by exp(high) at most, plus rounding.
+    ulp = np.finfo(dtype_name).eps
+    np.testing.assert_allclose(got, want, rtol=4 * ulp, atol=1.01 * np.exp(high))
+
+
+def test_floored_exp_fast_path_is_taken_where_exp_is_one_function(backend: Backend):
+    """On eager CPU libraries the floor's weight is read once and the fast path runs.
+
+    Where this fails, every tile with distant keys pays exp's slow path
+    again (13-40x on torch): the speed of score_mods rests on it.
+    """
+    from portattn._core import _softmax
+
+    xp = backend.xp
+    z = backend.asarray(np.array([-1.0, -200.0, -np.inf]), xp.float32)
+    floor = _softmax.exp_floor(xp.float32, xp=xp)
+    high = floor - math.log(float(np.finfo(np.float32).eps))
+    np.testing.assert_array_equal(to_numpy(_softmax.floored_exp(z, floor, xp=xp))[1:], [0.0, 0.0])
+    weight = _softmax._floor_weight(z, high, xp=xp)
+    if backend.name.startswith(("numpy", "torch", "array_api_strict")):
+        assert weight == pytest.approx(np.exp(high), rel=1e-6)
+    else:  # JAX compiles exp per shape: the probe may or may not agree, never wrongly
+        assert weight is None or weight == pytest.approx(np.exp(high), rel=1e-6)
+
+
+def test_floored_exp_overwrite_computes_in_place_and_leaves_inputs_alone(backend: Backend):
+    from portattn._core import _softmax
+
+    xp = backend.xp
+    values = np.array([0.0, -1.0, -300.0, -np.inf])
+    floor = _softmax.exp_floor(xp.float32, xp=xp)
+    kept = backend.asarray(values, xp.float32)
+    _softmax.floored_exp(kept, floor, xp=xp)
+    np.testing.assert_array_equal(to_numpy(kept), values.astype(np.float32))
+    scratch = backend.asarray(values, xp.float32)
+    got = _softmax.floored_exp(scratch, floor, xp=xp, overwrite=True)
+    np.testing.assert_allclose(to_numpy(got), [1.0, np.exp(-1.0), 0.0, 0.0], rtol=1e-6)

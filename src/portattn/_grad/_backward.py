@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from .._core._flex import EMPTY
 from .._core._problem import Problem, Variant
-from .._core._softmax import exp_floor, row_shift, safe_exp
+from .._core._softmax import exp_floor, floored_exp, row_shift, safe_exp
 from .._lib._compat import is_concrete
 from .._lib._typing import Array, Namespace
 from .._paths._blockwise import _exp_cannot_underflow, problem_block_sizes, traced_block_sizes
@@ -240,7 +240,10 @@ class _Sweep:
         if allowed is not None:
             s = xp.where(allowed, s, self.neg_inf)
         z = s - self.lse_col[..., q0:q1, :]
-        prob = xp.exp(z) if self.floor is None else safe_exp(z, self.floor, xp=xp)  # P
+        if self.floor is None:
+            prob = xp.exp(z)  # P
+        else:  # z is a new array, so exp may be computed into it
+            prob = floored_exp(z, self.floor, xp=xp, overwrite=True)
         d_out_blk = self.d_out[..., q0:q1, :]  # (..., bq, dv)
         v_shape = (*p.v.shape[:-2], k1 - k0, p.dv)
         dv_part = sum_to(xp.matrix_transpose(prob) @ d_out_blk, v_shape, xp=xp)

@@ -25,7 +25,7 @@ import numpy as np
 
 from .._core._flex import EMPTY, add_sink
 from .._core._problem import Problem, empty_result, expand
-from .._core._softmax import exp_floor, lse_from, no_keys, nonzero, row_shift, safe_exp
+from .._core._softmax import exp_floor, floored_exp, lse_from, no_keys, nonzero, row_shift, safe_exp
 from .._lib._checks import check_int_pair
 from .._lib._compat import (
     device_of,
@@ -176,11 +176,11 @@ def _exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
     visible scores span at most ``2 max|q| max|k|`` plus the spread of the
     bias. When that is below ``-exp_floor`` (about 57 for float32), every
     ``exp(s - max)`` is a normal number and the clamp that
-    :func:`~portattn._softmax.safe_exp` applies (a compare and a ``where``
-    over every tile, a fifth of the run time) changes nothing, so it is
-    skipped. Hidden entries are ``-inf``, whose ``exp`` is an exact 0 that
-    raises no flag. Costs O((Lq + Lk) d) and two host syncs per call; inf
-    or NaN anywhere makes the bound fail, and then the clamp runs. Only
+    :func:`~portattn._core._softmax.floored_exp` applies (a ``max`` and a
+    subtraction over every tile) changes nothing, so it is skipped. Hidden
+    entries are ``-inf``, whose ``exp`` is an exact 0 that raises no flag.
+    Costs O((Lq + Lk) d) and two host syncs per call; inf or NaN anywhere
+    makes the bound fail, and then the clamp runs. Only
     reads concrete arrays (:func:`~portattn._lib._compat.is_concrete`):
     lazy and traced ones (dask, ndonnx, JAX tracers, torch.compile, meta
     tensors) are never read, and the clamp runs for them.
@@ -259,13 +259,14 @@ def _query_block(
         shift = row_shift(m_new, xp=xp) if hides else m_new
         # In place only on a tile autograd cannot have saved (it may keep s
         # for the row max's gradient): NumPy's, or a tensor needing no grad.
-        if mutable and not getattr(s, "requires_grad", False):
+        scratch = mutable and not getattr(s, "requires_grad", False)
+        if scratch:
             s -= shift
         else:
             s = s - shift
         # exp may only see values it can take without an underflow flag
         # (see _softmax.exp_floor); floor is None when a bound proves it.
-        e = xp.exp(s) if floor is None else safe_exp(s, floor, xp=xp)
+        e = xp.exp(s) if floor is None else floored_exp(s, floor, xp=xp, overwrite=scratch)
         ev = e @ v[..., k0:k1, :]  # (..., bq, dv[+1])
         if m is None:
             acc = ev
