@@ -199,8 +199,8 @@ def _score_spread(p: Problem, *, xp: Namespace) -> float:
     # either way the bound just fails and the clamp runs.
     try:
         with np.errstate(all="ignore"):
-            q_sq = host_float(xp.max(xp.sum(p.q * p.q, axis=-1)))
-            k_sq = host_float(xp.max(xp.sum(p.k * p.k, axis=-1)))
+            q_sq = host_float(xp.max(xp.vecdot(p.q, p.q)))  # no (..., L, d) temporary
+            k_sq = host_float(xp.max(xp.vecdot(p.k, p.k)))
             bias_spread = 0.0
             bias = p.variant.bias
             if bias is not None and math.prod(bias.shape) > 0:
