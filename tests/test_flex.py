@@ -448,6 +448,37 @@ def test_jax_gradients_jit_and_vmap(rng: np.random.Generator) -> None:
     assert float(jnp.abs(batched[1] - one(2 * q)).max()) < 1e-12
 
 
+def test_jax_block_mask_is_built_outside_the_trace_and_serves_inside() -> None:
+    """create_block_mask reads values on the host: under jit it is refused, naming the remedy.
+
+    Built outside, its mask_mod (capturing a concrete array) runs inside
+    ``jax.jit`` and ``jax.grad``, through the blockwise ``custom_vjp``.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    n = 24
+    doc = jnp.arange(n) // 7
+
+    @jax.jit
+    def build(d: Any) -> Any:
+        pa.create_block_mask(documents(d), None, None, n, n, block_size=8, xp=jnp)
+        return d
+
+    with pytest.raises(ValueError, match="build the block mask once, outside the traced"):
+        build(doc)
+    bm = pa.create_block_mask(documents(doc), None, None, n, n, block_size=8, xp=jnp)
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 2, n, 4)), jnp.float32) for _ in "qkv")
+
+    def loss(qq: Any, impl: str) -> Any:
+        return jnp.sum(pa.attention(qq, k, v, block_mask=bm, impl=impl) ** 2)
+
+    want = jax.grad(loss)(q, "materialize")
+    got = jax.jit(jax.grad(loss), static_argnums=1)(q, "blockwise")
+    assert float(jnp.abs(got - want).max()) < 1e-5 * float(jnp.abs(want).max())
+
+
 # --- dask: the mods run inside each task, on the chunks' own arrays --------------------------
 
 

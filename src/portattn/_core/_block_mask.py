@@ -16,7 +16,7 @@ from typing import ClassVar
 import numpy as np
 
 from .._lib._checks import check_int, shown
-from .._lib._compat import is_dask_namespace, resolve_namespace
+from .._lib._compat import is_concrete, is_dask_namespace, resolve_namespace
 from .._lib._convert import to_numpy
 from .._lib._typing import Array, Device, Namespace
 from ._mods import MaskMod, apply_mask_mod, tile_indices
@@ -321,6 +321,15 @@ def _fill(
     probe = apply_mask_mod(
         mask_mod, tile_indices(batch, heads, range(1), range(1), xp=xp, device=device), xp=xp
     )
+    if not is_concrete(probe):
+        msg = (
+            "expected create_block_mask to run on concrete arrays: it reads the mask's "
+            f"values on the host, got a traced or lazy {type(probe).__name__} from mask_mod "
+            f"{getattr(mask_mod, '__name__', type(mask_mod).__name__)} (under jax.jit, "
+            "jax.vmap or torch.compile); build the block mask once, outside the traced "
+            "function, and pass it in"
+        )
+        raise ValueError(msg)
     lead = int(probe.shape[0]) * int(probe.shape[1])  # 1 when the mod ignores b and h
     cols = min(-(-lk // bk), max(1, _BUDGET // (lead * bq * bk))) * bk
     rows = min(-(-lq // bq), max(1, _BUDGET // (lead * cols * bq))) * bq
