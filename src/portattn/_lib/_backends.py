@@ -118,11 +118,18 @@ def load(name: str) -> Loaded:
     if name == "array_api_strict":
         xps = importlib.import_module("array_api_strict")
         xps.set_array_api_strict_flags(boolean_indexing=False, data_dependent_shapes=False)
-        return Loaded(s, xps, xps.Device("CPU_DEVICE"), (), xps.asarray)
+        return Loaded(s, xps, xps.Device("CPU_DEVICE"), (), lambda a: xps.asarray(a, copy=True))
     # jax
     jax = importlib.import_module("jax")
     if name == "jax":
         jax.config.update("jax_enable_x64", True)
     jnp = importlib.import_module("jax.numpy")
     cpu = jax.devices("cpu")[0]
-    return Loaded(s, jnp, cpu, (jnp.float16, jnp.bfloat16), lambda a: jax.device_put(a, cpu))
+    # A copy first: on the CPU, device_put may alias the NumPy buffer.
+    return Loaded(
+        s,
+        jnp,
+        cpu,
+        (jnp.float16, jnp.bfloat16),
+        lambda a: jax.device_put(np.array(a, copy=True), cpu),
+    )
