@@ -146,8 +146,10 @@ def attention(
         tiles its ``mask_mod`` leaves empty, full or partial. The blockwise
         path (forward and backward) and dask's pair tasks never read keys
         of an empty tile nor call ``score_mod`` on it, and call
-        ``mask_mod`` only on partial tiles. ``score_mod`` and
-        ``block_mask`` need 4-D (B, H, L, d) inputs.
+        ``mask_mod`` only on partial tiles; where its tiles differ by
+        batch entry or head enough to pay (``BlockMask.parts``), the
+        blockwise path runs each range of them apart, on its own tiles.
+        ``score_mod`` and ``block_mask`` need 4-D (B, H, L, d) inputs.
     sinks : real floating array, optional
         One logit per (batch, head), broadcastable to the leading shape
         (for example (H,) for (B, H, L, d) inputs), added to each row's

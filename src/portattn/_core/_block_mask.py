@@ -83,7 +83,8 @@ class BlockMask:
         self._key_blocks = tuple(tuple(int(j) for j in np.flatnonzero(row)) for row in merged)
         # Plain ints, so attention reads a tile's kind without touching NumPy:
         # torch.compile would turn a NumPy read into a traced tensor op.
-        self._table = tuple(tuple(int(x) for x in row) for row in merged)
+        self._table = _plain(merged)
+        self._parts = _parts(kinds, merged)
 
     @property
     def table(self) -> tuple[tuple[int, ...], ...]:
@@ -93,6 +94,19 @@ class BlockMask:
         attention paths read per tile, built once with the mask.
         """
         return self._table
+
+    @property
+    def parts(self) -> tuple[tuple[int, int, int, int, tuple[tuple[int, ...], ...]], ...]:
+        """Ranges of (batch, head) that share one tile table, where splitting a call pays.
+
+        ``(b0, b1, h0, h1, table)`` per range, in the mask's own axes (a
+        ``B`` or ``H`` of 1 spans the inputs' whole axis); empty when the
+        kinds are the same for every batch entry and head, or when running
+        the ranges apart would visit less than a tenth fewer tiles than
+        :attr:`table` does for all of them (packed documents that differ per
+        batch entry are the case it is for).
+        """
+        return self._parts
 
     @property
     def num_blocks(self) -> tuple[int, int]:
@@ -167,6 +181,47 @@ class BlockMask:
             f"density={self.density:.3f}, tiles: {counts[FULL]} full, "
             f"{counts[PARTIAL]} partial, {counts[EMPTY]} empty)"
         )
+
+
+Table = tuple[tuple[int, ...], ...]
+
+# Split a call by (batch, head) ranges only if that visits at most this
+# share of the tiles the merged table visits for all of them.
+_SPLIT_PAYS = 0.9
+
+
+def _plain(kinds: np.ndarray) -> Table:
+    return tuple(tuple(int(x) for x in row) for row in kinds)
+
+
+def _runs(slices: list[np.ndarray]) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each run of consecutive equal arrays."""
+    runs, start = [], 0
+    for i in range(1, len(slices) + 1):
+        if i == len(slices) or not np.array_equal(slices[i], slices[start]):
+            runs.append((start, i))
+            start = i
+    return runs
+
+
+def _parts(kinds: np.ndarray, merged: np.ndarray) -> tuple[tuple[int, int, int, int, Table], ...]:
+    """:attr:`BlockMask.parts`: runs of batch entries with equal kinds, then runs of heads."""
+    nb, nh = kinds.shape[:2]
+    if nb * nh == 1:
+        return ()
+    groups = [
+        (b0, b1, h0, h1)
+        for b0, b1 in _runs([kinds[b] for b in range(nb)])
+        for h0, h1 in _runs([kinds[b0, h] for h in range(nh)])
+    ]
+    if len(groups) == 1:
+        return ()
+    apart = sum(
+        (b1 - b0) * (h1 - h0) * np.count_nonzero(kinds[b0, h0]) for b0, b1, h0, h1 in groups
+    )
+    if apart > _SPLIT_PAYS * nb * nh * np.count_nonzero(merged):
+        return ()
+    return tuple((b0, b1, h0, h1, _plain(kinds[b0, h0])) for b0, b1, h0, h1 in groups)
 
 
 def _check_extent(name: str, value: object) -> int:

@@ -56,11 +56,39 @@ class Mods:
     kinds: tuple[tuple[int, ...], ...] | None = None  # BlockMask.table: one row per query block
     block: tuple[int, int] = (128, 128)
     origin: tuple[int, int, int, int] = (0, 0, 0, 0)
+    # The whole call's mask, while its (batch, head) ranges may still be run
+    # apart (see parts); None in a part, and in any sub-problem.
+    block_mask: BlockMask | None = None
 
     def shifted(self, b0: int, h0: int, q0: int, k0: int) -> Mods:
         """The same mods for a sub-problem starting at ``(b0, h0, q0, k0)`` of this one."""
         o = self.origin
-        return replace(self, origin=(o[0] + b0, o[1] + h0, o[2] + q0, o[3] + k0))
+        return replace(self, origin=(o[0] + b0, o[1] + h0, o[2] + q0, o[3] + k0), block_mask=None)
+
+    def parts(self, batch: tuple[int, ...]) -> list[tuple[int, int, int, int, Mods]]:
+        """``(b0, b1, h0, h1, mods)`` per (batch, head) range worth running apart, or ``[]``.
+
+        Each range's mods read that range's own tile table
+        (:attr:`BlockMask.parts`), so a tile empty for those batch entries
+        and heads is skipped even where others need it. ``batch`` is the
+        call's ``(B, H)``; a mask axis of 1 spans all of it.
+        """
+        bm = self.block_mask
+        if bm is None or not bm.parts:
+            return []
+        nb, nh = batch
+        out = []
+        for b0, b1, h0, h1, table in bm.parts:
+            if bm.shape[0] == 1:
+                b0, b1 = 0, nb
+            if bm.shape[1] == 1:
+                h0, h1 = 0, nh
+            o = self.origin
+            part = replace(
+                self, kinds=table, origin=(o[0] + b0, o[1] + h0, o[2], o[3]), block_mask=None
+            )
+            out.append((b0, b1, h0, h1, part))
+        return out
 
     def kind(self, q0: int, q1: int, k0: int, k1: int) -> int:
         """EMPTY, PARTIAL or FULL for the tile, from the blocks it overlaps (conservatively)."""
@@ -178,4 +206,10 @@ def flex_mods(
             f"({batch[0]}, {batch[1]}, {lq}, {lk}) (B and H may be None), got one for {shape}"
         )
         raise ValueError(msg)
-    return Mods(score_mod, block_mask.mask_mod, block_mask.table, block_mask.block_size)
+    return Mods(
+        score_mod,
+        block_mask.mask_mod,
+        block_mask.table,
+        block_mask.block_size,
+        block_mask=block_mask,
+    )

@@ -124,6 +124,41 @@ class Problem:
         """The static part, to keep beside the arrays a library's autodiff saves."""
         return self.with_arrays((None,) * (3 + len(Variant.ARRAYS)))
 
+    def part(self, b0: int, b1: int, h0: int, h1: int, mods: Mods) -> Problem:
+        """Batch entries ``[b0, b1)`` and heads ``[h0, h1)`` of a 4-D problem, reading ``mods``.
+
+        Every array keeps the axes it broadcasts along (size 1) and is cut
+        along the others; ``mods`` says where the part starts
+        (:meth:`Mods.parts`).
+        """
+        spans = ((b0, b1), (h0, h1))
+
+        def cut(x: Array | None, tail: int) -> Array | None:
+            if x is None:
+                return None
+            lead = x.ndim - tail  # batch axes present, aligned to the right of (B, H)
+            index = tuple(
+                slice(None) if x.shape[a] == 1 else slice(*spans[2 - lead + a]) for a in range(lead)
+            )
+            key = (*index, ...)  # a name: a starred subscript needs Python 3.11
+            return x[key]
+
+        va = self.variant
+        options = [
+            (name, cut(x, 2 if spec.layout == "scores" else 0))
+            for name, spec in Variant.ARRAYS.items()
+            for x in (getattr(va, name),)
+        ]
+        variant = dataclasses.replace(va.with_arrays(options), mods=mods)
+        return dataclasses.replace(
+            self,
+            q=cut(self.q, 2),
+            k=cut(self.k, 2),
+            v=cut(self.v, 2),
+            variant=variant,
+            batch=(b1 - b0, h1 - h0),
+        )
+
     def bias_tile(self, q0: int, q1: int, k0: int, k1: int) -> Array | None:
         bias = self.variant.bias
         return None if bias is None else _tile(bias, q0, q1, k0, k1)

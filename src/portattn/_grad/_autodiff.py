@@ -31,7 +31,31 @@ __all__ = ["blockwise_attention"]
 def blockwise_attention(
     p: Problem, *, block_size: tuple[int, int] | None, xp: Namespace
 ) -> tuple[Array, Array]:
-    """The blockwise path as the entry runs it: differentiable in O(N) memory where needed."""
+    """The blockwise path as the entry runs it: differentiable in O(N) memory where needed.
+
+    A block mask whose tiles differ by batch entry or head, enough to pay
+    (:meth:`~portattn._core._flex.Mods.parts`), runs as one call per range
+    of them, each skipping its own empty tiles; the library's autodiff sees
+    the cuts and the concatenation.
+    """
+    parts = [] if p.mods is None else p.mods.parts(p.batch)
+    if parts:
+        rows: list[tuple[list[Array], list[Array]]] = []
+        row_start = None
+        for b0, b1, h0, h1, mods in parts:
+            out, lse = blockwise_attention(
+                p.part(b0, b1, h0, h1, mods), block_size=block_size, xp=xp
+            )
+            if b0 != row_start:  # a new range of batch entries
+                rows.append(([], []))
+                row_start = b0
+            rows[-1][0].append(out)
+            rows[-1][1].append(lse)
+        outs = [o[0] if len(o) == 1 else xp.concat(o, axis=1) for o, _ in rows]
+        lses = [s[0] if len(s) == 1 else xp.concat(s, axis=1) for _, s in rows]
+        if len(rows) == 1:
+            return outs[0], lses[0]
+        return xp.concat(outs, axis=0), xp.concat(lses, axis=0)
     lib = namespace_library(xp)
     if lib == "torch" and _torch_enabled():
         if p.mods is not None and p.mods.score_mod is not None and _torch_compiling():
