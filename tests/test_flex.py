@@ -516,6 +516,41 @@ def test_torch_compile_fullgraph(rng: np.random.Generator, backend_name: str) ->
         assert float((g - w).abs().max()) < 1e-10
 
 
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`:UserWarning")
+@pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")
+def test_torch_compile_fullgraph_runs_per_batch_parts(rng: np.random.Generator) -> None:
+    """The parts are cut from static tables: dynamo traces them with no graph break."""
+    import torch
+
+    n = 48
+    bounds = torch.from_numpy(np.stack([np.arange(n) // 8, np.arange(n) // 24]))
+    bm = pa.create_block_mask(
+        lambda b, h, q, kv: (bounds[b, q] == bounds[b, kv]) & (q >= kv),
+        2,
+        None,
+        n,
+        n,
+        block_size=8,
+        xp=torch,
+    )
+    assert len(bm.parts) == 2
+    slopes = torch.tensor(rng.random(2), requires_grad=True)
+    q, k, v = (torch.tensor(rng.standard_normal((2, 2, n, 4)), requires_grad=True) for _ in "qkv")
+    mod = alibi(slopes, _torch_xp())
+
+    def f(*a: Any) -> Any:
+        return (pa.attention(*a, score_mod=mod, block_mask=bm, impl="blockwise") ** 2).sum()
+
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(f)(q, k, v).graph_break_count == 0
+    got = torch.autograd.grad(
+        torch.compile(f, backend="eager", fullgraph=True)(q, k, v), [q, slopes]
+    )
+    want = torch.autograd.grad(f(q, k, v), [q, slopes])
+    for g, w in zip(got, want, strict=True):
+        assert float((g - w).abs().max()) < 1e-10
+
+
 def test_jax_gradients_jit_and_vmap(rng: np.random.Generator) -> None:
     import jax
     import jax.numpy as jnp
