@@ -250,7 +250,9 @@ def test_work_follows_each_batch_entrys_own_mask(
     """
     xp = backend.xp
     n, block, nh = 128, (16, 16), 2
-    bounds = np.stack([np.arange(n) // 16, np.arange(n) // 64])  # (B, n): 8 and 2 documents
+    bounds = np.stack(
+        [np.arange(n) // 16, (np.arange(n) + 5) // 64]
+    )  # 8 documents; 3, edges inside blocks
     doc = backend.asarray(bounds)
     seen = {"score": 0, "mask": 0}
 
@@ -294,7 +296,7 @@ def test_per_batch_parts_differentiate_like_one_call(rng: np.random.Generator) -
     import torch
 
     n, nh = 64, 2
-    bounds = np.stack([np.arange(n) // 8, np.arange(n) // 32])
+    bounds = np.stack([np.arange(n) // 8, (np.arange(n) + 3) // 32])  # row 1: edges inside blocks
     arrs = [rng.standard_normal((2, nh, n, 4)) for _ in "qkv"]
     slopes0, sinks0, bias0 = rng.random(nh), rng.standard_normal(nh), rng.standard_normal((n, n))
 
@@ -523,7 +525,7 @@ def test_torch_compile_fullgraph_runs_per_batch_parts(rng: np.random.Generator) 
     import torch
 
     n = 48
-    bounds = torch.from_numpy(np.stack([np.arange(n) // 8, np.arange(n) // 24]))
+    bounds = torch.from_numpy(np.stack([np.arange(n) // 8, (np.arange(n) + 3) // 24]))
     bm = pa.create_block_mask(
         lambda b, h, q, kv: (bounds[b, q] == bounds[b, kv]) & (q >= kv),
         2,
