@@ -10,8 +10,8 @@ from __future__ import annotations
 LANGS = ("en", "ja")
 
 _WORDS: dict[str, dict[str, str]] = {
-    "key_axis": {"en": "key (attended to) →", "ja": "キー(注目される側)→"},
-    "query_axis": {"en": "query ↓", "ja": "クエリ ↓"},
+    "key_axis": {"en": "key (attended to) →", "ja": "見られる側(キー)→"},
+    "query_axis": {"en": "query ↓", "ja": "見る側(クエリ)↓"},
     "masked": {"en": "masked", "ja": "マスク"},
     "scale_title": {"en": "attention weight", "ja": "注目の重み"},
     "width_log": {"en": "head width d (log scale)", "ja": "ヘッドの幅 d(対数目盛)"},

@@ -28,8 +28,11 @@ _INK = {
     "#0a0b0c": "var(--pa-fig-fg)",
     "#0d0e0f": "var(--pa-fig-muted)",
     "#101112": "var(--pa-fig-grid)",
+    # Masked cells of attention heatmaps (sitegen.attnmap): a grey hatch per scheme.
+    "#131415": "var(--pa-mask-bg)",
+    "#161718": "var(--pa-mask-line)",
 }
-FG, MUTED, GRID = _INK
+FG, MUTED, GRID, MASK_BG, MASK_LINE = _INK
 
 # Okabe & Ito (2008), "Color Universal Design": distinguishable with every
 # common colour-vision deficiency. Black is left out (it would vanish on the
