@@ -46,8 +46,8 @@ CPU_BACKENDS = "numpy,numpy_readonly,torch,array_api_strict,jax,jax32"
 # What the default run leaves out (pyproject.toml registers the markers):
 # large-N, LocalCluster and Hugging Face model suites run in tests-extra (CI
 # runs it); inductor compiles run only in their own opt-in session.
-DEFAULT_MARKERS = "not slow and not cluster and not models and not inductor"
-EXTRA_MARKERS = "(slow or cluster or models) and not inductor"
+DEFAULT_MARKERS = "not slow and not cluster and not models and not inductor and not parallel"
+EXTRA_MARKERS = "(slow or cluster or models or parallel) and not inductor"
 
 _CPU_ENV: dict[str, str] = {}
 

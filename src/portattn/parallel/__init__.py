@@ -1,0 +1,168 @@
+"""Context parallelism: attention over a sequence split across ranks, with an exact backward.
+
+Each rank holds a shard of the queries, keys and values along the sequence
+(:func:`shard`, in a ``layout``), and :func:`attention` returns its shard of
+the output. The ranks are a ``torch.distributed`` process group (torch
+tensors) or a named mesh axis inside ``jax.shard_map`` (JAX arrays). Three
+strategies:
+
+- ``"ring"``: key/value shards travel around the ring, each transfer
+  overlapped with the attention of the shard already there; the backward
+  sends the key/value gradients around the ring back to their owners;
+- ``"allgather"``: every key/value shard is gathered at once (O(L) memory);
+- ``"ulysses"``: an all-to-all from sequence to head sharding, attention on
+  the whole sequence for H/P heads, and back (P must divide H and Hkv).
+
+Positions are global: causal, a window, a ``score_mod`` and a block mask
+built for the whole sequence (:func:`portattn.create_block_mask`, the same
+on every rank) mean what they mean in :func:`portattn.attention` on the
+whole sequence, and with one rank the call equals it. A (query chunk, key
+chunk) pair that they hide entirely is never computed.
+
+Gradients of arrays every rank holds whole (``sinks``, tensors a
+``score_mod`` captures) are each rank's *partial* gradient on torch, from
+its own query rows: sum them across the group (as data parallelism sums a
+model's weights' gradients). Inside ``jax.shard_map`` with a replicated
+``in_specs`` entry, JAX's own transpose sums them, so ``jax.grad`` outside
+gives the full gradient.
+
+torch and JAX are imported only when their arrays arrive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._core._masks import normalize_window
+from .._lib._checks import check_finite_scale, check_flag, check_int_pair
+from .._lib._compat import array_namespace, namespace_library
+from .._lib._typing import Array
+from ._layout import Layout, check_layout, positions, shard, unshard
+from ._schedule import Stats
+
+__all__ = ["STRATEGIES", "Stats", "attention", "last_stats", "positions", "shard", "unshard"]
+
+#: The strategies :func:`attention` knows.
+STRATEGIES: tuple[str, ...] = ("ring", "allgather", "ulysses")
+
+_LAST: list[Stats] = []
+
+
+def last_stats() -> Stats | None:
+    """What the last torch call on this process did: pairs and tiles computed, bytes sent.
+
+    Backward counts are added when the backward runs. ``None`` before any call.
+    """
+    return _LAST[-1] if _LAST else None
+
+
+def attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    /,
+    *,
+    group: Any = None,
+    axis_name: Any = None,
+    strategy: str = "ring",
+    layout: Layout = "zigzag",
+    causal: bool = False,
+    window: int | tuple[int, int] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    score_mod: Any = None,
+    block_mask: Any = None,
+    sinks: Array | None = None,
+    return_lse: bool = False,
+    block_size: int | tuple[int, int] | None = None,
+) -> Array | tuple[Array, Array]:
+    """Attention of this rank's query shard over the whole, sharded sequence.
+
+    Parameters
+    ----------
+    q : array, shape (B, H, L/P, d)
+        This rank's query rows, in ``layout``.
+    k, v : arrays, shape (B, Hkv, L/P, d) and (B, Hkv, L/P, dv)
+        This rank's key and value rows; ``Hkv`` divides ``H`` (GQA).
+    group : torch.distributed group, optional
+        torch tensors only; ``None`` means the default group.
+    axis_name : hashable, optional
+        JAX arrays only, and required there: the mesh axis of ``jax.shard_map``.
+    strategy : {"ring", "allgather", "ulysses"}
+    layout : {"zigzag", "contiguous"}
+        How the sequence was cut (:func:`shard`). Zigzag needs ``L`` divisible by ``2P``.
+    causal, window, scale, softcap, score_mod, block_mask, sinks, block_size
+        As in :func:`portattn.attention`, over global positions. ``block_mask``
+        is built for the whole sequence.
+    return_lse : bool
+        Also return this rank's rows of the log-sum-exp.
+
+    Returns
+    -------
+    out : array, shape (B, H, L/P, dv)
+        This rank's rows of the output; ``(out, lse)`` with ``return_lse``.
+
+    Examples
+    --------
+    >>> from portattn import parallel
+    >>> parallel.positions(8, rank=0, world=2).tolist()
+    [0, 1, 6, 7]
+    """
+    xp = array_namespace(q, k, v)
+    lib = namespace_library(xp)
+    options = _checked(
+        strategy, layout, causal, window, scale, softcap, score_mod, block_mask, block_size
+    )
+    want_lse = check_flag("return_lse", return_lse)
+    if lib == "torch":
+        if axis_name is not None:
+            msg = (
+                "expected axis_name=None for torch tensors (their ranks are a torch.distributed "
+                f"group=), got axis_name={axis_name!r}"
+            )
+            raise ValueError(msg)
+        from ._torch import torch_attention
+
+        out, lse, stats = torch_attention(q, k, v, sinks, options, group, xp)
+        _LAST[:] = [stats]
+    else:
+        msg = (
+            "portattn.parallel.attention needs torch tensors (with a torch.distributed group), "
+            f"got {lib} arrays"
+        )
+        raise TypeError(msg)
+    return (out, lse) if want_lse else out
+
+
+def _checked(
+    strategy: object,
+    layout: object,
+    causal: object,
+    window: object,
+    scale: object,
+    softcap: object,
+    score_mod: object,
+    block_mask: object,
+    block_size: object,
+) -> Any:
+    from ._options import Options
+
+    if strategy not in STRATEGIES:
+        msg = f"expected strategy to be one of {STRATEGIES}, got {strategy!r}"
+        raise ValueError(msg)
+    if causal is not True and causal is not False:
+        msg = f"expected causal to be True or False (positions are global), got {causal!r}"
+        raise ValueError(msg)
+    return Options(
+        strategy=str(strategy),
+        layout=check_layout(layout),
+        causal=bool(causal),
+        window=None if window is None else normalize_window(window),
+        scale=None if scale is None else check_finite_scale(scale),
+        softcap=None if softcap is None else check_finite_scale(softcap, name="softcap"),
+        score_mod=score_mod,
+        block_mask=block_mask,
+        block_size=None
+        if block_size is None
+        else check_int_pair("block_size", block_size, minimum=1),
+    )
