@@ -24,6 +24,7 @@ from ._layers._linear import (
 )
 from ._layers._multihead import MultiHeadAttention
 from ._layers._positions import apply_rope, rope_positions, sinusoidal_encoding
+from ._varlen import attention_varlen, paged_attention
 
 __all__ = [
     "BlockMask",
@@ -34,6 +35,7 @@ __all__ = [
     "and_masks",
     "apply_rope",
     "attention",
+    "attention_varlen",
     "attention_weights",
     "causal_mask",
     "create_block_mask",
@@ -42,6 +44,7 @@ __all__ = [
     "linear_attention_step",
     "merge_attention",
     "or_masks",
+    "paged_attention",
     "rope_positions",
     "sinusoidal_encoding",
     "softmax",

@@ -1,0 +1,448 @@
+"""Packed variable-length batches (flash-attn's layout) and paged K/V (vLLM's, FlashInfer's).
+
+A packed batch concatenates S sequences along one axis: ``q`` is (Tq, H, d),
+``k`` and ``v`` are (Tk, Hkv, d), and ``cu_seqlens_q`` / ``cu_seqlens_k``
+(length S + 1, from 0) say where each sequence starts. Attention is a
+documents mask over the packed axis, but one whose tiles are known from the
+offsets alone: sequence ``i`` is the block ``[q_i, q_{i+1}) x [k_i, k_{i+1})``
+and nothing outside it is visible. So no mask is built and no ``mask_mod``
+is called: each sequence runs as its own problem, on its own tiles, through
+the same paths (and the same blockwise forward and backward) as
+:func:`~portattn.attention`, and the work is the sum of the sequences' own
+tiles, never ``T^2``.
+
+Tiles start at each sequence's first query and first key, not at packed
+offsets, and a sequence's problem has the same shape whatever else is
+packed with it. That is what makes a sequence's output rows bit-identical to
+the same sequence computed alone, whatever its neighbours (see the Serving
+page): a grid over the packed axis would cut a sequence's keys at
+positions that depend on the sequences before it, and change the order of
+its sums.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Sequence
+
+from ._attention import Impl, attention
+from ._core._masks import Causal
+from ._core._mods import ScoreMod
+from ._lib._checks import check_array, check_flag, check_int, dtype_name, shown
+from ._lib._compat import array_namespace, device_of, is_concrete
+from ._lib._convert import to_numpy
+from ._lib._typing import Array, Namespace
+
+__all__ = ["attention_varlen", "host_offsets", "paged_attention"]
+
+_NAMES = ("q", "k", "v", "sinks")
+
+
+def attention_varlen(
+    q: Array,
+    k: Array,
+    v: Array,
+    /,
+    *,
+    cu_seqlens_q: object,
+    cu_seqlens_k: object,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: Causal = False,
+    window: int | tuple[int, int] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    score_mod: ScoreMod | None = None,
+    sinks: Array | None = None,
+    return_lse: bool = False,
+    impl: Impl = "auto",
+    block_size: int | tuple[int, int] | None = None,
+) -> Array | tuple[Array, Array]:
+    """Attention over a packed batch of sequences of different lengths (flash-attn's varlen).
+
+    Sequence ``i`` holds query rows ``cu_seqlens_q[i]:cu_seqlens_q[i+1]``
+    and key rows ``cu_seqlens_k[i]:cu_seqlens_k[i+1]``, and attends only
+    within itself, exactly as :func:`attention` on that sequence alone.
+
+    Parameters
+    ----------
+    q : array, shape (Tq, H, d)
+        The sequences' queries, concatenated.
+    k : array, shape (Tk, Hkv, d)
+        Their keys; ``H`` a multiple of ``Hkv`` (grouped-query attention).
+    v : array, shape (Tk, Hkv, dv)
+        Their values.
+    cu_seqlens_q, cu_seqlens_k : integer array or sequence of ints, length S + 1
+        Cumulative lengths: start at 0, non-decreasing, last entry ``Tq``
+        (``Tk``). Read on the host (a JAX tracer is refused: pass them as
+        static values under ``jax.jit``).
+    max_seqlen_q, max_seqlen_k : int, optional
+        flash-attn's bounds on the longest sequence; checked if given.
+    causal : {False, True, "top_left", "bottom_right"}, optional
+        As in :func:`attention`, per sequence: ``True`` needs every
+        sequence's query and key lengths to be equal; otherwise choose
+        ``"bottom_right"`` (flash-attn's alignment, for decode and chunked
+        prefill) or ``"top_left"``.
+    window, scale, softcap, sinks
+        As in :func:`attention`; ``sinks`` has shape (H,).
+    score_mod : callable, optional
+        ``score_mod(score, b, h, q_idx, kv_idx)``, where ``b`` is the
+        sequence's index and ``q_idx``, ``kv_idx`` are positions *within*
+        the sequence.
+    return_lse : bool, optional
+        Also return the log-sum-exp, shape (H, Tq), as flash-attn does.
+    impl, block_size
+        As in :func:`attention`, for each sequence.
+
+    Returns
+    -------
+    array, shape (Tq, H, dv)
+        The output, in ``q``'s layout; ``(output, lse)`` if ``return_lse``.
+
+    Raises
+    ------
+    TypeError
+        Offsets of a non-integer dtype; inputs that :func:`attention` refuses.
+    ValueError
+        Offsets that do not start at 0, decrease, end elsewhere than at the
+        packed length, or count different numbers of sequences for ``q`` and
+        ``k``; ``causal=True`` where a sequence's lengths differ (the error
+        names the sequence).
+
+    Notes
+    -----
+    Gradients (torch autograd, ``jax.grad``) reach ``q``, ``k``, ``v``,
+    ``sinks`` and the tensors a ``score_mod`` captures, and are
+    deterministic: each sequence's backward is :func:`attention`'s.
+
+    A sequence's rows are bit-identical to :func:`attention` on that
+    sequence alone, and so do not depend on the other sequences packed
+    with it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import portattn as pa
+    >>> q = k = v = np.ones((5, 2, 4))  # two sequences: 2 and 3 tokens
+    >>> out, lse = pa.attention_varlen(
+    ...     q, k, v, cu_seqlens_q=[0, 2, 5], cu_seqlens_k=[0, 2, 5], causal=True, scale=0.0,
+    ...     return_lse=True,
+    ... )
+    >>> out.shape, lse.shape
+    ((5, 2, 4), (2, 5))
+    >>> bool(np.allclose(np.exp(lse[0]), [1, 2, 1, 2, 3]))  # each row sees its own prefix
+    True
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_array(name, x)
+    xp = array_namespace(q, k, v, sinks, names=_NAMES)
+    _check_packed(q, k, v)
+    starts_q = host_offsets("cu_seqlens_q", cu_seqlens_q, total=q.shape[0], bound=max_seqlen_q)
+    starts_k = host_offsets("cu_seqlens_k", cu_seqlens_k, total=k.shape[0], bound=max_seqlen_k)
+    if len(starts_q) != len(starts_k):
+        msg = (
+            "expected cu_seqlens_q and cu_seqlens_k to count the same sequences, got "
+            f"{len(starts_q) - 1} and {len(starts_k) - 1} (lengths {len(starts_q)} and "
+            f"{len(starts_k)})"
+        )
+        raise ValueError(msg)
+    if len(starts_q) == 1:  # no sequence: one empty one, so that every option is still checked
+        starts_q, starts_k = [0, 0], [0, 0]
+    kvs = [(k[a:b, ...], v[a:b, ...]) for a, b in itertools.pairwise(starts_k)]
+    options = {
+        "causal": causal,
+        "window": window,
+        "scale": scale,
+        "softcap": softcap,
+        "sinks": sinks,
+        "impl": impl,
+        "block_size": block_size,
+    }
+    return run_sequences(
+        q, starts_q, kvs, score_mod=score_mod, options=options, return_lse=return_lse, xp=xp
+    )
+
+
+def run_sequences(
+    q: Array,
+    starts_q: list[int],
+    kvs: list[tuple[Array, Array]],
+    *,
+    score_mod: ScoreMod | None,
+    options: dict[str, object],
+    return_lse: object,
+    xp: Namespace,
+) -> Array | tuple[Array, Array]:
+    """Each sequence's :func:`attention`, packed back: (Tq, H, dv) and the lse (H, Tq).
+
+    ``kvs`` holds each sequence's keys and values, (Lk_i, Hkv, d), in the
+    packed layout; ``q`` is packed, cut at ``starts_q`` (at least one
+    sequence, so that :func:`attention` checks every option).
+    """
+    want_lse = check_flag("return_lse", return_lse)
+    spans = list(itertools.pairwise(starts_q))
+    outs, lses = [], []
+    for i, ((a, b), (ki, vi)) in enumerate(zip(spans, kvs, strict=True)):
+        mod = None if score_mod is None else functools.partial(_in_sequence, score_mod, i)
+        try:
+            out, lse = attention(
+                _heads_first(q[a:b, ...], xp=xp),  # (1, H, Lq_i, d)
+                _heads_first(ki, xp=xp),
+                _heads_first(vi, xp=xp),
+                score_mod=mod,
+                return_lse=True,
+                **options,  # type: ignore[arg-type]
+            )
+        except ValueError as e:
+            msg = f"sequence {i} (Lq={b - a}, Lk={ki.shape[0]}): {e}"
+            raise ValueError(msg) from e
+        outs.append(xp.permute_dims(out[0, ...], (1, 0, 2)))  # (Lq_i, H, dv)
+        lses.append(lse[0, ...])  # (H, Lq_i)
+    out = outs[0] if len(outs) == 1 else xp.concat(outs, axis=0)
+    if not want_lse:
+        return out
+    return out, (lses[0] if len(lses) == 1 else xp.concat(lses, axis=-1))
+
+
+def _in_sequence(score_mod: ScoreMod, index: int, s: Array, b: Array, *idx: Array) -> Array:
+    """``score_mod`` seeing ``b`` as the sequence's index in the packed batch."""
+    return score_mod(s, b + index, *idx)
+
+
+def _heads_first(x: Array, *, xp: Namespace) -> Array:
+    """(L, H, d) to (1, H, L, d): a view, no copy."""
+    return xp.permute_dims(x, (1, 0, 2))[None, ...]
+
+
+def _check_packed(q: Array, k: Array, v: Array) -> None:
+    """Ranks and the shared sizes of the packed layout; :func:`attention` checks the rest."""
+    for name, x, layout in (("q", q, "Tq, H, d"), ("k", k, "Tk, Hkv, d"), ("v", v, "Tk, Hkv, dv")):
+        if x.ndim != 3:
+            msg = f"expected {name} to be 3-D ({layout}), got shape {tuple(x.shape)}"
+            raise ValueError(msg)
+    if k.shape[:2] != v.shape[:2]:
+        msg = (
+            f"expected k and v to share (Tk, Hkv), got shapes {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+        raise ValueError(msg)
+
+
+def host_offsets(name: str, offsets: object, *, total: int, bound: object = None) -> list[int]:
+    """``offsets`` (cumulative lengths) as Python ints, checked against the packed length."""
+    values = _host_ints(name, offsets)
+    if not values:
+        msg = f"expected {name} to hold S + 1 >= 1 offsets, got an empty one"
+        raise ValueError(msg)
+    if values[0] != 0:
+        msg = f"expected {name} to start at 0, got {values[0]}"
+        raise ValueError(msg)
+    for i, (a, b) in enumerate(itertools.pairwise(values)):
+        if b < a:
+            msg = f"expected {name} to be non-decreasing, got {a} then {b} at entries {i}, {i + 1}"
+            raise ValueError(msg)
+    if values[-1] != total:
+        msg = f"expected {name} to end at the packed length {total}, got {values[-1]}"
+        raise ValueError(msg)
+    if bound is not None:
+        longest = max((b - a for a, b in itertools.pairwise(values)), default=0)
+        limit = check_int(name.replace("cu_seqlens", "max_seqlen"), bound, minimum=0)
+        if longest > limit:
+            msg = (
+                f"expected {name.replace('cu_seqlens', 'max_seqlen')} to bound every "
+                f"sequence's length, got {limit} for a sequence of {longest}"
+            )
+            raise ValueError(msg)
+    return values
+
+
+def _host_ints(name: str, x: object) -> list[int]:
+    """A 1-D integer array (any library) or a sequence of ints, as Python ints."""
+    if isinstance(x, Sequence) and not isinstance(x, (str, bytes)):
+        return [check_int(f"{name}[{i}]", n) for i, n in enumerate(x)]
+    if not (hasattr(x, "dtype") and hasattr(x, "shape")):
+        msg = f"expected {name} to be a 1-D integer array, got {shown(x)}"
+        raise TypeError(msg)
+    xq = array_namespace(x)
+    if not xq.isdtype(x.dtype, "integral"):
+        msg = f"expected {name} to be a 1-D integer array (int32), got dtype {dtype_name(x.dtype)}"
+        raise TypeError(msg)
+    if len(x.shape) != 1:
+        msg = f"expected {name} to be a 1-D integer array, got shape {tuple(x.shape)}"
+        raise ValueError(msg)
+    if not is_concrete(x):
+        msg = (
+            f"expected {name} to hold values readable now (the sequences are laid out on the "
+            "host), got a traced or lazy array; under jax.jit pass it as a static argument"
+        )
+        raise ValueError(msg)
+    return [int(n) for n in to_numpy(x).tolist()]
+
+
+def paged_attention(
+    q: Array,
+    k_pages: Array,
+    v_pages: Array,
+    /,
+    *,
+    block_table: object,
+    seq_lens: object,
+    cu_seqlens_q: object,
+    causal: Causal = "bottom_right",
+    window: int | tuple[int, int] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    score_mod: ScoreMod | None = None,
+    sinks: Array | None = None,
+    return_lse: bool = False,
+    impl: Impl = "auto",
+    block_size: int | tuple[int, int] | None = None,
+) -> Array | tuple[Array, Array]:
+    """Attention of packed queries over keys and values held in pages (vLLM's, FlashInfer's layout).
+
+    Sequence ``i`` owns the pages ``block_table[i, :n_i]``, with
+    ``n_i = ceil(seq_lens[i] / page_size)``; its keys are the first
+    ``seq_lens[i]`` slots of those pages, in order. Its queries,
+    ``q[cu_seqlens_q[i]:cu_seqlens_q[i+1]]``, are its *last* tokens:
+    one per sequence for decode, several for chunked prefill.
+
+    Parameters
+    ----------
+    q : array, shape (Tq, H, d)
+        Packed queries.
+    k_pages : array, shape (num_pages, page_size, Hkv, d)
+        The key pages.
+    v_pages : array, shape (num_pages, page_size, Hkv, dv)
+        The value pages.
+    block_table : integer array, shape (S, max_pages)
+        Each sequence's pages; entries past its ``n_i`` are never read.
+    seq_lens : integer array, shape (S,)
+        Each sequence's number of keys (its context, new tokens included).
+    cu_seqlens_q : integer array, length S + 1
+        Where each sequence's queries start in ``q``.
+    causal : {"bottom_right", "top_left", True, False}, optional
+        Default ``"bottom_right"``: the queries are the sequence's last tokens.
+    window, scale, softcap, score_mod, sinks, return_lse, impl, block_size
+        As in :func:`attention_varlen`.
+
+    Returns
+    -------
+    array, shape (Tq, H, dv)
+        ``(output, lse)`` with lse (H, Tq) if ``return_lse``.
+
+    Raises
+    ------
+    ValueError
+        A sequence longer than its pages, a page index outside the pool,
+        or shapes that do not fit.
+
+    Notes
+    -----
+    Pages are read with ``take`` on the sequence's own page indices only, so
+    no tile ever reads a page the sequence does not own; each sequence then
+    runs as :func:`attention` does alone, so its rows equal that call's.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import portattn as pa
+    >>> pages = np.arange(4 * 2 * 1 * 1, dtype=np.float64).reshape(4, 2, 1, 1)
+    >>> q = np.zeros((2, 1, 1))  # one decode query per sequence
+    >>> out = pa.paged_attention(
+    ...     q, pages, pages, block_table=np.array([[3, 0], [1, 2]]), seq_lens=[3, 1],
+    ...     cu_seqlens_q=[0, 1, 2],
+    ... )  # sequence 0 sees keys 6, 7, 0; sequence 1 sees 2
+    >>> out[:, 0, 0].tolist()
+    [4.333333333333333, 2.0]
+    """
+    for name, x in (("q", q), ("k_pages", k_pages), ("v_pages", v_pages)):
+        check_array(name, x)
+    xp = array_namespace(q, k_pages, v_pages, sinks, names=("q", "k_pages", "v_pages", "sinks"))
+    _check_pages(q, k_pages, v_pages)
+    starts_q = host_offsets("cu_seqlens_q", cu_seqlens_q, total=q.shape[0])
+    lens = _host_ints("seq_lens", seq_lens)
+    table = _host_table(block_table, len(starts_q) - 1, lens)
+    if not table:  # no sequence: one empty one, so that every option is still checked
+        starts_q, table, lens = [0, 0], [[]], [0]
+    kvs = _gather(k_pages, v_pages, table, lens, xp=xp)
+    options = {
+        "causal": causal,
+        "window": window,
+        "scale": scale,
+        "softcap": softcap,
+        "sinks": sinks,
+        "impl": impl,
+        "block_size": block_size,
+    }
+    return run_sequences(
+        q, starts_q, kvs, score_mod=score_mod, options=options, return_lse=return_lse, xp=xp
+    )
+
+
+def _check_pages(q: Array, k_pages: Array, v_pages: Array) -> None:
+    if q.ndim != 3:
+        msg = f"expected q to be 3-D (Tq, H, d), got shape {tuple(q.shape)}"
+        raise ValueError(msg)
+    for name, x in (("k_pages", k_pages), ("v_pages", v_pages)):
+        if x.ndim != 4:
+            msg = (
+                f"expected {name} to be 4-D (num_pages, page_size, Hkv, d), "
+                f"got shape {tuple(x.shape)}"
+            )
+            raise ValueError(msg)
+    if k_pages.shape[:3] != v_pages.shape[:3]:
+        msg = (
+            "expected k_pages and v_pages to share (num_pages, page_size, Hkv), got shapes "
+            f"{tuple(k_pages.shape)} and {tuple(v_pages.shape)}"
+        )
+        raise ValueError(msg)
+
+
+def _host_table(block_table: object, count: int, lens: list[int]) -> list[list[int]]:
+    """Each sequence's own page indices (only the pages its length needs), checked."""
+    if hasattr(block_table, "dtype") and hasattr(block_table, "shape"):
+        xq = array_namespace(block_table)
+        if not xq.isdtype(block_table.dtype, "integral") or len(block_table.shape) != 2:
+            msg = (
+                "expected block_table to be a 2-D integer array (S, max_pages), got "
+                f"{dtype_name(block_table.dtype)} of shape {tuple(block_table.shape)}"
+            )
+            raise TypeError(msg)
+        rows = [[int(n) for n in row] for row in to_numpy(block_table).tolist()]
+    else:
+        rows = [list(map(int, row)) for row in block_table]  # type: ignore[attr-defined]
+    if len(rows) != count or len(lens) != count:
+        msg = (
+            f"expected block_table and seq_lens to have one entry per sequence ({count}, "
+            f"from cu_seqlens_q), got {len(rows)} and {len(lens)}"
+        )
+        raise ValueError(msg)
+    return rows
+
+
+def _gather(
+    k_pages: Array, v_pages: Array, table: list[list[int]], lens: list[int], *, xp: Namespace
+) -> list[tuple[Array, Array]]:
+    """Each sequence's keys and values, (L_i, Hkv, d), taken from its own pages only."""
+    num_pages, page_size = k_pages.shape[0], k_pages.shape[1]
+    out = []
+    for i, (row, n) in enumerate(zip(table, lens, strict=True)):
+        need = -(-n // page_size) if n > 0 else 0
+        if n < 0 or need > len(row):
+            msg = (
+                f"expected sequence {i}'s seq_lens ({n}) to fit its block_table row of "
+                f"{len(row)} pages of {page_size}"
+            )
+            raise ValueError(msg)
+        pages = row[:need]
+        bad = [p for p in pages if not 0 <= p < num_pages]
+        if bad:
+            msg = f"expected sequence {i}'s pages to lie in [0, {num_pages}), got {bad[0]}"
+            raise ValueError(msg)
+        index = xp.asarray(pages, dtype=xp.int32, device=device_of(k_pages))
+        rest = tuple(k_pages.shape[2:])
+        k = xp.reshape(xp.take(k_pages, index, axis=0), (need * page_size, *rest))[:n, ...]
+        vrest = tuple(v_pages.shape[2:])
+        v = xp.reshape(xp.take(v_pages, index, axis=0), (need * page_size, *vrest))[:n, ...]
+        out.append((k, v))
+    return out
