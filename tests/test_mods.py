@@ -243,6 +243,28 @@ def test_mods_serve_torch_flex_attention(rng, fresh_dynamo):
         )
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")
+def test_mods_serve_flex_attention_cold_and_with_changing_floats(rng, fresh_dynamo, monkeypatch):
+    """torch 2.15 refused two things inside flex_attention's traced mod: a namespace lookup
+    that filled portattn's cache ("Unsafe side effect"), and a captured float that changed
+    between calls (dynamo made it a SymFloat). Both happen on a cold cache and a new cap."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.attention import flex_attention as fa
+
+    from portattn._lib import _compat
+
+    monkeypatch.setattr(_compat, "_NAMESPACE_BY_TYPES", {})
+    q, k, v = (rng.standard_normal((1, 2, 24, 8)) for _ in range(3))
+    tq, tk, tv = (torch.from_numpy(a).float() for a in (q, k, v))
+    block = fa.create_block_mask(mods.causal, 1, None, 24, 24, device="cpu", BLOCK_SIZE=8)
+    causal = np.arange(24)[:, None] >= np.arange(24)[None, :]
+    for cap in (2.0, 3.5, 0.75):
+        with torch.no_grad():
+            got = fa.flex_attention(tq, tk, tv, score_mod=mods.softcap(cap), block_mask=block)
+        want = dense_attention(q, k, v, causal, lambda s, c=cap: c * np.tanh(s / c))
+        np.testing.assert_allclose(got.numpy(), want, rtol=2e-5, atol=2e-5, err_msg=f"cap={cap}")
+
+
 def test_errors_name_what_was_expected_and_got():
     with pytest.raises(ValueError, match="expected left to be a non-negative int, got -1"):
         mods.sliding_window(-1)

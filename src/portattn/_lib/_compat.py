@@ -78,6 +78,9 @@ def array_namespace(*arrays: Any, names: tuple[str, ...] = ()) -> ModuleType:
     cached = _NAMESPACE_BY_TYPES.get(key)
     if cached is not None:
         return cached
+    traced = _traced_torch_namespace(arrays)
+    if traced is not None:
+        return traced
     present = []
     for i, a in enumerate(arrays):
         if a is not None:
@@ -94,6 +97,26 @@ def array_namespace(*arrays: Any, names: tuple[str, ...] = ()) -> ModuleType:
         raise TypeError(msg) from None
     _NAMESPACE_BY_TYPES[key] = xp
     return xp
+
+
+def _traced_torch_namespace(arrays: tuple[Any, ...]) -> ModuleType | None:
+    """array-api-compat's torch namespace while dynamo traces torch tensors, else None.
+
+    torch's ``flex_attention`` traces a mod inside a higher-order op even in
+    eager mode, and since torch 2.15 that op refuses any write to state from
+    outside it ("Unsafe side effect"): both the cache above and
+    array-api-compat's own lookup write some. While tracing, tensors are all
+    there can be, and their namespace needs no lookup. Looked up in
+    ``sys.modules`` only: tracing implies torch.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.compiler.is_compiling():
+        return None
+    if not all(a is None or isinstance(a, torch.Tensor) for a in arrays):
+        return None
+    from array_api_compat import torch as compat_torch
+
+    return compat_torch
 
 
 def refuse_non_array(name: str, x: Any) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 
 from .._core._mods import ScoreMod
 from .._lib._checks import check_int
-from .._lib._compat import array_namespace, resolve_namespace
+from .._lib._compat import resolve_namespace
 from .._lib._typing import Array, Device, DType, Namespace
 from ._captured import captured
 
@@ -93,10 +93,9 @@ def alibi(slopes: Array, /) -> ScoreMod:
            [-0.0625,  0.    , -0.0625],
            [-0.125 , -0.0625,  0.    ]], dtype=array_api_strict.float64)
     """
-    per_head, _ = captured("slopes", slopes, kind="real floating", ranks=(1,))
+    per_head, xp = captured("slopes", slopes, kind="real floating", ranks=(1,))
 
     def alibi_bias(score: Array, b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
-        xp = array_namespace(score)
         # Cast the distance, not the product: NumPy would widen float32 * int64 to float64.
         distance = xp.astype(abs(q_idx - kv_idx), score.dtype)
         return score - per_head[h] * distance

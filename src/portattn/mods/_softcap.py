@@ -34,10 +34,15 @@ def softcap(cap: float, /) -> ScoreMod:
     Array([0.        , 3.80797078, 5.        ], dtype=array_api_strict.float64)
     """
     c = check_real("cap", cap, above=0.0)
+    # Captured as text, read back in the mod: torch 2.15's dynamo turns a
+    # captured float whose value changes between calls into a SymFloat, which
+    # flex_attention's higher-order op refuses; a str is guarded by value.
+    text = repr(c)
 
     def softcap_score(score: Array, b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
         xp = array_namespace(score)
-        return c * xp.tanh(score / c)
+        bound = float(text)
+        return bound * xp.tanh(score / bound)
 
     softcap_score.__qualname__ = f"softcap({c:g})"
     return softcap_score
