@@ -23,6 +23,7 @@ from ._layers._linear import (
     linear_attention_step,
 )
 from ._layers._multihead import MultiHeadAttention
+from ._layers._paged import PagedKVCache
 from ._layers._positions import apply_rope, rope_positions, sinusoidal_encoding
 from ._varlen import attention_varlen, paged_attention
 
@@ -32,6 +33,7 @@ __all__ = [
     "KVCache",
     "LinearAttentionState",
     "MultiHeadAttention",
+    "PagedKVCache",
     "and_masks",
     "apply_rope",
     "attention",
