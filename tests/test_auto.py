@@ -184,3 +184,25 @@ def test_auto_agrees_with_generic_paths_on_an_inf_key_hidden_by_position(rng, op
     native = pa.attention(q, k, v, impl="native", **kw)
     if "causal" in opts and len(opts) == 1:  # the kernel's own is_causal skips hidden keys
         torch.testing.assert_close(native[:, :-1], want[:, :-1], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 8, 4, 6), (2, 8, 300, 4), (1, 8, 4, 4)])
+def test_auto_stays_off_the_kernel_for_an_inf_key_hidden_only_by_causality(rng, spy, shape):
+    """Plain causal, no mask: torch's math kernel (here d != dv, or d > 256) masks the scores it
+    formed, so one +inf key in the future makes every row NaN; auto checks the keys first."""
+    import torch
+
+    *batch, n, d, dv = shape
+    q, k = (torch.from_numpy(rng.standard_normal((*batch, n, d))) for _ in "qk")
+    v = torch.from_numpy(rng.standard_normal((*batch, n, dv)))
+    k[..., 5, 0] = float("inf")  # hidden from rows 0..4 by causality alone
+    want = pa.attention(q, k, v, impl="materialize", causal=True)
+    assert torch.isfinite(want[..., :5, :]).all()
+    spy.clear()
+    got = pa.attention(q, k, v, causal=True)
+    assert spy == ["materialize"]
+    torch.testing.assert_close(got[..., :5, :], want[..., :5, :], rtol=1e-12, atol=1e-12)
+    assert torch.equal(got.isnan(), want.isnan())
+    spy.clear()
+    pa.attention(q, k.nan_to_num(posinf=1.0), v, causal=True)  # finite keys: the kernel again
+    assert spy == ["native"]

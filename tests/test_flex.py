@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import portattn as pa
-from portattn.testing import to_numpy
+from portattn.testing import load_backend, to_numpy
 
-from conftest import Backend, assert_close_on
+from conftest import Backend, assert_close_on, impls_for
 from reference import flex_ref
 
 B, H, L, D = 2, 4, 70, 8
@@ -789,3 +789,201 @@ def test_backward_skips_empty_tiles_too(rng: np.random.Generator) -> None:
     area = block[0] * block[1]
     assert seen["score"] == 2 * (tiles[1] + tiles[2]) * area  # once forward, once backward
     assert seen["mask"] == 2 * tiles[1] * area
+
+
+# --- empty tiles mean "empty" on every path (reliability round 4) -----------------------------
+
+
+def _empty_block_masks(backend: Backend) -> dict[str, Any]:
+    """Block masks whose every tile is EMPTY, for (Lq, Lk) = (20, 37) unless named otherwise."""
+    xp, dev = backend.xp, backend.device
+    return {
+        # One small tile that sees nothing (decode against a future chunk, a tiny call).
+        "one-tile": pa.create_block_mask(
+            lambda b, h, q, kv: q < 0, None, None, 20, 37, block_size=64, xp=xp, device=dev
+        ),
+        # A key chunk entirely in the query chunk's future (ring attention, KV streaming).
+        "future-chunk": pa.create_block_mask(
+            lambda b, h, q, kv: kv + 100 <= q, None, None, 20, 37, block_size=8, xp=xp, device=dev
+        ),
+        # Per-head kinds, all EMPTY.
+        "per-head": pa.create_block_mask(
+            lambda b, h, q, kv: q + h < 0, None, H, 20, 37, block_size=(4, 16), xp=xp, device=dev
+        ),
+    }
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_an_empty_block_mask_hides_everything_on_every_path(
+    backend: Backend, rng: np.random.Generator, sinks: bool
+) -> None:
+    """Output 0 and lse -inf (with sinks: lse = the sink) on every impl, and weights 0."""
+    xp = backend.xp
+    q, k, v = (
+        backend.asarray(rng.standard_normal(s), xp.float32)
+        for s in [(B, H, 20, D)] + [(B, H, 37, D)] * 2
+    )
+    sink = rng.standard_normal(H)
+    kw: dict[str, Any] = {"sinks": backend.asarray(sink, xp.float32)} if sinks else {}
+    want_lse = np.broadcast_to(sink[:, None] if sinks else -np.inf, (B, H, 20))
+    impls = ("auto", *impls_for(backend))
+    for name, bm in _empty_block_masks(backend).items():
+        for impl in impls:
+            if impl == "native" and sinks:
+                continue  # refused: the kernel has no sink logit
+            lse_too = impl != "native"
+            got = pa.attention(q, k, v, block_mask=bm, impl=impl, return_lse=lse_too, **kw)
+            out, lse = got if lse_too else (got, None)
+            np.testing.assert_array_equal(to_numpy(out), 0.0, err_msg=f"{name} {impl}")
+            if lse is not None:
+                np.testing.assert_allclose(to_numpy(lse), want_lse, rtol=1e-6, err_msg=name)
+            for causal in ("top_left", "bottom_right"):  # native's is_causal path too
+                out = pa.attention(q, k, v, block_mask=bm, impl=impl, causal=causal, **kw)
+                np.testing.assert_array_equal(to_numpy(out), 0.0, err_msg=f"{name} {impl} {causal}")
+        w = pa.attention_weights(q, k, block_mask=bm, **kw)
+        np.testing.assert_array_equal(to_numpy(w), 0.0, err_msg=name)
+
+
+def test_every_path_reads_the_kinds_as_blockwise_does(
+    backend: Backend, rng: np.random.Generator
+) -> None:
+    """A block mask whose kinds disagree with its mod: EMPTY hides, FULL allows, PARTIAL asks.
+
+    Built with the public constructor: kinds from a documents mask, and a
+    mod that allows everything. Every path, and the weights, must then
+    follow the tiles (what the blockwise path visits), not the mod alone.
+    """
+    xp = backend.xp
+    doc = np.arange(L) // DOC
+    real = pa.create_block_mask(documents(doc), None, None, L, L, block_size=BLOCK)
+    bm = pa.BlockMask(
+        real.kinds, mask_mod=lambda b, h, q, kv: q >= 0, shape=real.shape, block_size=BLOCK
+    )
+    tiles = np.repeat(np.repeat(real.kinds[0, 0] != EMPTY_KIND, 16, 0), 16, 1)[:L, :L]
+    (q, k, v), arrs = _inputs(backend, rng)
+    want, weights, _ = flex_ref(*arrs, allowed=np.broadcast_to(tiles, (B, H, L, L)))
+    for impl in ("auto", *impls_for(backend)):
+        out = pa.attention(q, k, v, block_mask=bm, impl=impl)
+        assert_close_on(backend, out, want, dtype=xp.float32)
+        out = pa.attention(q, k, v, block_mask=bm, impl=impl, causal=True)
+        want_c, _, _ = flex_ref(
+            *arrs, allowed=np.broadcast_to(tiles & np.tri(L, dtype=bool), (B, H, L, L))
+        )
+        assert_close_on(backend, out, want_c, dtype=xp.float32)
+    assert_close_on(backend, pa.attention_weights(q, k, block_mask=bm), weights, dtype=xp.float32)
+
+
+EMPTY_KIND = pa.BlockMask.EMPTY
+
+
+@pytest.mark.parametrize("causal", [True, "top_left", "bottom_right"])
+def test_native_keeps_the_block_mask_under_top_left_causal(
+    backend: Backend, rng: np.random.Generator, causal: Any
+) -> None:
+    """The kernel's own is_causal takes no other mask: the block mask must not be dropped."""
+    xp = backend.xp
+    doc = np.arange(L) // DOC
+    ids = backend.asarray(doc)
+    bm = pa.create_block_mask(
+        lambda b, h, q, kv: ids[q] == ids[kv],
+        None,
+        None,
+        L,
+        L,
+        block_size=BLOCK,
+        xp=xp,
+        device=backend.device,
+    )
+    (q, k, v), arrs = _inputs(backend, rng)
+    if "native" not in impls_for(backend):  # no kernel: refused, naming the library
+        with pytest.raises(NotImplementedError, match="impl='native' delegates"):
+            pa.attention(q, k, v, block_mask=bm, causal=causal, impl="native")
+        return
+    allowed = (doc[:, None] == doc[None, :]) & np.tri(L, dtype=bool)
+    want, _, _ = flex_ref(*arrs, allowed=np.broadcast_to(allowed, (B, H, L, L)))
+    out = pa.attention(q, k, v, block_mask=bm, causal=causal, impl="native")
+    assert_close_on(backend, out, want, dtype=xp.float32)
+
+
+def test_empty_tiles_are_never_read_on_auto_nor_dask_auto(rng: np.random.Generator) -> None:
+    """NaN and inf in keys and values of EMPTY tiles reach no row on the default path."""
+    da = pytest.importorskip("dask.array")
+    n = 48
+    doc = np.arange(n) // 16  # three documents, one per block
+    bm = pa.create_block_mask(documents(doc), None, None, n, n, block_size=16)
+    q, k, v = (rng.standard_normal((1, 2, n, D)) for _ in "qkv")
+    kk, vv = k.copy(), v.copy()
+    kk[..., 16, 0], vv[..., 17, 1] = np.inf, np.nan  # document 1: hidden from documents 0 and 2
+    want, _, _ = flex_ref(q, k, v, mask_mod=documents(doc))
+    with np.errstate(invalid="ignore"):  # document 1's own rows are NaN, as they should be
+        got = pa.attention(q, kk, vv, block_mask=bm)
+    rows = np.isnan(got).any(axis=-1)
+    assert not rows[..., :16].any() and not rows[..., 32:].any()
+    np.testing.assert_allclose(got[..., 32:, :], want[..., 32:, :], rtol=1e-12)
+    np.testing.assert_allclose(got[..., :16, :], want[..., :16, :], rtol=1e-12)
+    chunks = (1, 2, 24, D)  # chunk pairs straddle documents: each task holds EMPTY tiles
+    dq, dk, dv = (da.from_array(x, chunks=chunks) for x in (q, kk, vv))
+    with np.errstate(invalid="ignore"):
+        got = pa.attention(dq, dk, dv, block_mask=bm).compute()
+    rows = np.isnan(got).any(axis=-1)
+    assert not rows[..., :16].any() and not rows[..., 32:].any()
+    np.testing.assert_allclose(got[..., 32:, :], want[..., 32:, :], rtol=1e-12)
+
+
+@pytest.mark.slow  # a torch.compile and two jax.jit traces: about 20 s
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`:UserWarning")
+def test_traced_tiles_line_up_with_the_block_mask(rng: np.random.Generator) -> None:
+    """Under jax.jit and torch.compile the tiles stay the mask's: inf in one document stays there.
+
+    Beyond 64 visited tiles a trace merges whole mask tiles (the program
+    stays bounded); the result is still the formula's on finite inputs.
+    """
+    import torch
+
+    from portattn._core._flex import flex_mods
+    from portattn._paths._blockwise import traced_block_sizes
+
+    n = 128
+    doc = np.arange(n) // 32
+    bm = pa.create_block_mask(documents(doc), None, None, n, n, block_size=16)
+    q, k, v = (rng.standard_normal((1, 2, n, D)) for _ in "qkv")
+    kk, vv = k.copy(), v.copy()
+    kk[..., 3, 0], vv[..., 5, 1] = np.inf, np.nan  # document 0 only
+    with np.errstate(invalid="ignore"):  # document 0's rows are NaN, as they should be
+        eager = pa.attention(q, kk, vv, block_mask=bm, impl="blockwise")
+    assert np.isnan(eager[..., :32, :]).any() and not np.isnan(eager[..., 32:, :]).any()
+    tq, tk, tv = (torch.tensor(x) for x in (q, kk, vv))
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda a, b, c: pa.attention(a, b, c, block_mask=bm, impl="blockwise"),
+        backend="eager",
+        fullgraph=True,
+    )(tq, tk, tv).numpy()
+    np.testing.assert_array_equal(np.isnan(compiled), np.isnan(eager))
+    np.testing.assert_allclose(compiled[..., 32:, :], eager[..., 32:, :], rtol=1e-12)
+    jx = load_backend("jax")
+    import jax
+
+    def jitted(mask: Any, *arrays: np.ndarray) -> np.ndarray:
+        f = jax.jit(lambda a, b, c: pa.attention(a, b, c, block_mask=mask, impl="blockwise"))
+        return np.asarray(f(*(jx.from_numpy(x) for x in arrays)))
+
+    on_jax = documents(jx.from_numpy(doc))
+    got = jitted(pa.create_block_mask(on_jax, None, None, n, n, block_size=16, xp=jx.xp), q, kk, vv)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(eager))
+    np.testing.assert_allclose(got[..., 32:, :], eager[..., 32:, :], rtol=1e-12)
+    # Many visited tiles: blocks grow by whole mask blocks, and finite inputs still agree.
+    ids = np.arange(512) // 128
+    big = pa.create_block_mask(
+        documents(jx.from_numpy(ids)), None, None, 512, 512, block_size=16, xp=jx.xp
+    )
+    mods = flex_mods(None, big, batch=(1, 2), lq=512, lk=512)
+    assert traced_block_sizes(
+        16, 16, 128, 128, mods=flex_mods(None, bm, batch=(1, 2), lq=n, lk=n)
+    ) == (16, 16)
+    assert traced_block_sizes(16, 16, 512, 512, mods=mods) == (64, 64)
+    assert traced_block_sizes(16, 16, 500, 500, mods=mods) == (64, 64)  # whole mask blocks
+    assert traced_block_sizes(16, 16, 500, 500, mods=None) == (63, 63)
+    q, k, v = (rng.standard_normal((1, 2, 512, D)) for _ in "qkv")
+    want, _, _ = flex_ref(q, k, v, mask_mod=documents(ids))
+    np.testing.assert_allclose(jitted(big, q, k, v), want, rtol=1e-10, atol=1e-12)

@@ -143,13 +143,23 @@ def attention(
         (torch tensors that require grad, traced JAX values).
     block_mask : BlockMask, optional
         From :func:`create_block_mask`: which (query block, key block)
-        tiles its ``mask_mod`` leaves empty, full or partial. The blockwise
-        path (forward and backward) and dask's pair tasks never read keys
-        of an empty tile nor call ``score_mod`` on it, and call
-        ``mask_mod`` only on partial tiles; where its tiles differ by
-        batch entry or head enough to pay (``BlockMask.parts``), the
-        blockwise path runs each range of them apart, on its own tiles.
-        ``score_mod`` and ``block_mask`` need 4-D (B, H, L, d) inputs.
+        tiles its ``mask_mod`` leaves empty, full or partial. Every path
+        reads its kinds alike: an empty tile hides all its pairs, a full
+        one none, a partial one asks ``mask_mod`` (so a mask whose every
+        tile is empty gives output 0 and lse ``-inf`` everywhere). The
+        blockwise path (forward and backward) and dask's pair tasks never
+        read keys of an empty tile nor call ``score_mod`` on it, and call
+        ``mask_mod`` only on partial tiles; ``"auto"`` goes blockwise
+        whenever some tile is empty, while ``"materialize"`` and
+        ``"native"`` form every score and mask the empty ones (an inf or
+        NaN *value* there then reaches the rows, as under ``mask``). Under
+        a trace (``jax.jit``, ``torch.compile``) the blockwise tiles stay
+        the mask's while at most 64 are visited; beyond, each traced tile
+        covers several whole mask tiles, and empty ones inside it are
+        masked but read. Where its tiles differ by batch entry or head
+        enough to pay (``BlockMask.parts``), the blockwise path runs each
+        range of them apart, on its own tiles. ``score_mod`` and
+        ``block_mask`` need 4-D (B, H, L, d) inputs.
     sinks : real floating array, optional
         One logit per (batch, head), broadcastable to the leading shape
         (for example (H,) for (B, H, L, d) inputs), added to each row's
@@ -194,8 +204,10 @@ def attention(
     ``causal``/``window`` hide entirely). Use ``key_lengths`` for padding.
     An inf or NaN hidden *key* is harmless on the generic paths (its scores
     are replaced by ``-inf``), but torch's kernel adds a mask to the scores
-    it formed, so ``impl="native"`` with a mask, window or bias gives NaN
-    rows there; ``"auto"`` checks the keys and stays off the kernel then.
+    it formed, so ``impl="native"`` with a mask, window, bias, block mask
+    or plain ``causal`` (torch's math kernel, taken for example when
+    ``dv != d``) gives NaN rows there; ``"auto"`` checks the keys and stays
+    off the kernel then.
 
     Range: the scaled scores are formed in the compute dtype. A score whose
     magnitude overflows it (above about 3.4e38 in float32, 1.8e308 in

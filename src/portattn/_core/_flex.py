@@ -90,16 +90,35 @@ class Mods:
             out.append((b0, b1, h0, h1, part))
         return out
 
+    def kinds_in(self, q0: int, q1: int, k0: int, k1: int) -> set[int]:
+        """The kinds of the blocks the tile overlaps (FULL alone without a block mask)."""
+        if self.kinds is None:
+            return {FULL}
+        if q1 <= q0 or k1 <= k0:
+            return {EMPTY}
+        i0, i1, j0, j1 = self._blocks(q0, q1, k0, k1)
+        return {k for row in self.kinds[i0:i1] for k in row[j0:j1]}
+
+    def visited(self, q0: int, q1: int, k0: int, k1: int) -> int:
+        """How many of the blocks the tile overlaps are not EMPTY (by the table)."""
+        if self.kinds is None or q1 <= q0 or k1 <= k0:
+            return 0
+        i0, i1, j0, j1 = self._blocks(q0, q1, k0, k1)
+        return sum(k != EMPTY for row in self.kinds[i0:i1] for k in row[j0:j1])
+
+    def _blocks(self, q0: int, q1: int, k0: int, k1: int) -> tuple[int, int, int, int]:
+        """``[i0, i1) x [j0, j1)``: the query and key blocks the tile overlaps."""
+        bq, bk = self.block
+        oq, ok = self.origin[2] + q0, self.origin[3] + k0
+        return oq // bq, -(-(oq + q1 - q0) // bq), ok // bk, -(-(ok + k1 - k0) // bk)
+
     def kind(self, q0: int, q1: int, k0: int, k1: int) -> int:
         """EMPTY, PARTIAL or FULL for the tile, from the blocks it overlaps (conservatively)."""
         if self.kinds is None:
             return FULL if self.mask_mod is None else PARTIAL
         if q1 <= q0 or k1 <= k0:
             return EMPTY
-        bq, bk = self.block
-        oq, ok = self.origin[2] + q0, self.origin[3] + k0
-        i0, i1 = oq // bq, -(-(oq + q1 - q0) // bq)
-        j0, j1 = ok // bk, -(-(ok + k1 - k0) // bk)
+        i0, i1, j0, j1 = self._blocks(q0, q1, k0, k1)
         if i1 - i0 == 1 and j1 - j0 == 1:  # one block: the common case, no reduction
             return self.kinds[i0][j0]
         seen = {k for row in self.kinds[i0:i1] for k in row[j0:j1]}
@@ -146,6 +165,38 @@ class Mods:
         """``mask_mod(b, h, q_idx, kv_idx)``, checked: a boolean array broadcastable to the tile."""
         assert self.mask_mod is not None
         return apply_mask_mod(self.mask_mod, idx, xp=xp)
+
+    def tile_allowed(
+        self, idx: Indices, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace, device: Device
+    ) -> Array | None:
+        """What the block mask allows in the tile, read from its kinds as blockwise reads them.
+
+        ``None`` on a FULL tile; all False on an EMPTY one; ``mask_mod`` on
+        one PARTIAL block. A tile over several blocks (the materialising and
+        native paths take the whole matrix as one tile; a trace may merge
+        blocks) gets each block's own kind: False in EMPTY blocks, True in
+        FULL ones, ``mask_mod`` in PARTIAL ones.
+        """
+        kind = self.kind(q0, q1, k0, k1)
+        if kind == FULL or self.mask_mod is None:
+            return None
+        if kind == EMPTY:
+            return xp.zeros((1, 1, q1 - q0, k1 - k0), dtype=xp.bool, device=device)
+        m = self.allowed(idx, xp=xp)
+        assert self.kinds is not None
+        bq, bk = self.block
+        oq, ok = self.origin[2] + q0, self.origin[3] + k0
+        i0, i1, j0, j1 = self._blocks(q0, q1, k0, k1)
+        table = [row[j0:j1] for row in self.kinds[i0:i1]]
+        if all(k == PARTIAL for row in table for k in row):
+            return m
+        # Each element's block kind: the table's entries spread over the tile.
+        ints = idx[2].dtype
+        blocks = xp.asarray(table, dtype=xp.int8, device=device)
+        rows = xp.arange(oq, oq + q1 - q0, dtype=ints, device=device) // bq - i0
+        cols = xp.arange(ok, ok + k1 - k0, dtype=ints, device=device) // bk - j0
+        kinds = xp.take(xp.take(blocks, rows, axis=0), cols, axis=1)[None, None]
+        return xp.logical_and(xp.logical_or(m, kinds == FULL), kinds != EMPTY)
 
 
 def add_sink(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .._lib._compat import matrix_transpose
 from .._lib._typing import Array, Device, DType, Namespace
-from ._flex import FULL, PARTIAL, Mods
+from ._flex import FULL, Mods
 from ._masks import Structure, length_mask
 from ._variant import Variant
 
@@ -80,16 +80,21 @@ class Problem:
     def allowed(self, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace) -> Array | None:
         """Everything that hides pairs in the tile, combined; ``None`` when nothing does.
 
-        ``mask_mod`` is asked only on a PARTIAL tile: a FULL one hides
-        nothing and an EMPTY one is never visited.
+        ``mask_mod`` is asked only where the block mask's kinds say PARTIAL:
+        a FULL block hides nothing and an EMPTY one hides everything (the
+        blockwise path never visits it; a path that takes the whole matrix
+        as one tile reads it as all False).
         """
         parts = []
         if not self.structure.tile_is_full(q0, q1, k0, k1):
             parts.append(self.structure.shared_tile(q0, q1, k0, k1, xp=xp, device=self.device))
         va = self.variant
         mods = va.mods
-        if mods is not None and mods.mask_mod is not None and self.kind(q0, q1, k0, k1) == PARTIAL:
-            parts.append(mods.allowed(self.indices(q0, q1, k0, k1, xp=xp), xp=xp))
+        if mods is not None and mods.kinds is not None and self.kind(q0, q1, k0, k1) != FULL:
+            idx = self.indices(q0, q1, k0, k1, xp=xp)
+            block = mods.tile_allowed(idx, q0, q1, k0, k1, xp=xp, device=self.device)
+            if block is not None:
+                parts.append(block)
         if va.mask is not None:
             parts.append(_tile(va.mask, q0, q1, k0, k1))
         if va.key_lengths is not None:

@@ -111,7 +111,7 @@ def blockwise_backward(
     # bound the program, and only concrete arrays are read for the bound.
     concrete = is_concrete(p.q)
     if not concrete:
-        bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk)
+        bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk, mods=p.mods)
     shortcut = concrete and _exp_cannot_underflow(p, xp=xp)
 
     # D = rowsum(dO ∘ O) - dlse, and the lse as a column; a row that saw

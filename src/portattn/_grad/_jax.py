@@ -42,7 +42,7 @@ def _converted(
     """The closure-converted score_mod, the values it hoisted, and the tile shape it takes."""
     bq, bk = problem_block_sizes(p, block_size, xp=xp)
     if not is_concrete(p.q):
-        bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk)
+        bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk, mods=p.mods)
     tq, tk = min(bq, p.lq), min(bk, p.lk)
     if p.mods is None or p.mods.score_mod is None:
         return None, [], (tq, tk)

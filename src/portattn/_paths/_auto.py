@@ -6,6 +6,7 @@ pair tasks ask for each tile of a chunked call, so both follow one rule.
 
 from __future__ import annotations
 
+from .._core._flex import EMPTY
 from .._core._problem import Problem
 from .._lib._typing import Namespace
 from ._native import auto_delegates
@@ -27,4 +28,16 @@ def auto_impl(p: Problem, *, lib: str, want_lse: bool, xp: Namespace) -> str:
     ):
         return "native"
     s = p.structure
-    return "blockwise" if s.lq * s.lk > MATERIALIZE_MAX_PAIRS else "materialize"
+    if s.lq * s.lk > MATERIALIZE_MAX_PAIRS or _has_empty_tiles(p):
+        return "blockwise"
+    return "materialize"
+
+
+def _has_empty_tiles(p: Problem) -> bool:
+    """Whether a block mask leaves some tile EMPTY: only the blockwise path never reads it.
+
+    The materialising path forms every score, so an inf or NaN value in an
+    empty tile would reach the rows it is hidden from (``0 * inf``).
+    """
+    mods = p.mods
+    return mods is not None and EMPTY in mods.kinds_in(0, p.lq, 0, p.lk)

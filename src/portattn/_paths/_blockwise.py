@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from .._core._flex import EMPTY, add_sink
+from .._core._flex import EMPTY, Mods, add_sink
 from .._core._problem import Problem, empty_result, expand
 from .._core._softmax import exp_floor, floored_exp, lse_from, no_keys, nonzero, row_shift, safe_exp
 from .._lib._checks import check_int_pair
@@ -92,11 +92,12 @@ def blockwise_attention(
         return empty_result(p, xp=xp)
     concrete = is_concrete(p.q)
     if not concrete and not is_dask_namespace(xp):
-        bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk)
+        bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk, mods=p.mods)
     k_t = xp.matrix_transpose(p.k)  # (..., d, Lk)
     v = _with_ones_column(p.v, xp=xp) if _sum_in_matmul(p, xp=xp) else p.v
     floor = None if _exp_cannot_underflow(p, xp=xp) else exp_floor(p.q.dtype, xp=xp)
-    if p.lq <= bq:
+    spans = tile_spans(0, p.lq, bq, phase=_phase(p, 0, bq))
+    if len(spans) == 1:
         out, lse = _query_block(p, 0, p.lq, k_t, v, bk, floor=floor, xp=xp)
         return expand(out, (*p.batch, p.lq, p.dv), xp=xp), expand(lse, (*p.batch, p.lq), xp=xp)
     # Each block is written into place, which also broadcasts it to the full
@@ -109,10 +110,11 @@ def blockwise_attention(
         out = xp.empty((*p.batch, p.lq, p.dv), dtype=p.q.dtype, device=p.device)
         lse = xp.empty((*p.batch, p.lq), dtype=p.q.dtype, device=p.device)
     outs, lses = [], []
-    starts = range(0, p.lq, bq)
+    ends = dict(spans)
+    starts = [q0 for q0, _ in spans]
 
     def one(q0: int) -> tuple[Array, Array]:
-        return _query_block(p, q0, min(q0 + bq, p.lq), k_t, v, bk, floor=floor, xp=xp)
+        return _query_block(p, q0, ends[q0], k_t, v, bk, floor=floor, xp=xp)
 
     # NumPy only: eager, no autograd, and its ufuncs run on one core (_lib._threads).
     workers = 1
@@ -122,7 +124,7 @@ def blockwise_attention(
     for q0, (out_blk, lse_blk) in zip(
         starts, map_blocks(one, starts, workers=workers), strict=True
     ):
-        q1 = min(q0 + bq, p.lq)
+        q1 = ends[q0]
         if in_place:
             out[..., q0:q1, :] = out_blk
             lse[..., q0:q1] = lse_blk
@@ -132,6 +134,28 @@ def blockwise_attention(
     if not in_place:
         return xp.concat(outs, axis=-2), xp.concat(lses, axis=-1)
     return out, lse
+
+
+def tile_spans(lo: int, hi: int, size: int, *, phase: int) -> list[tuple[int, int]]:
+    """``[t0, t1)`` tiles of ``size`` over ``[lo, hi)``, edges where ``(t + phase) % size == 0``."""
+    out, t0 = [], lo
+    while t0 < hi:
+        t1 = min(hi, t0 + size - (t0 + phase) % size)
+        out.append((t0, t1))
+        t0 = t1
+    return out
+
+
+def _phase(p: Problem, axis: int, size: int) -> int:
+    """Where a block mask's tile edges fall in a problem that starts inside the call (dask's pairs).
+
+    Tiles of the mask's own size then start at its edges, so each is one
+    entry of its table and an EMPTY one is never read; 0 otherwise.
+    """
+    mods = p.mods
+    if mods is None or mods.kinds is None or mods.block[axis] != size:
+        return 0
+    return mods.origin[2 + axis] % size
 
 
 def problem_block_sizes(
@@ -163,10 +187,23 @@ def _with_ones_column(v: Array, *, xp: Namespace) -> Array:
     return xp.concat([v, ones], axis=-1)
 
 
-def traced_block_sizes(bq: int, bk: int, lq: int, lk: int) -> tuple[int, int]:
-    """Blocks at least ``1/8`` of each length, so that a trace unrolls at most 8 x 8 tiles."""
+def traced_block_sizes(bq: int, bk: int, lq: int, lk: int, *, mods: Mods | None) -> tuple[int, int]:
+    """Blocks for a trace, which unrolls every tile: at most about 8 x 8 tiles visited.
+
+    Blocks grow to at least ``1/8`` of each length. A block mask's own
+    tiles are kept while at most 64 of them are visited, so they line up
+    with its table and empty ones are never read, as in eager; beyond that
+    the blocks grow by whole mask blocks, so each traced tile covers whole
+    mask tiles, and its empty ones are masked out as such
+    (:meth:`~portattn._core._flex.Mods.tile_allowed`) but read.
+    """
     n = _TRACED_BLOCKS_PER_AXIS
-    return max(bq, -(-lq // n)), max(bk, -(-lk // n))
+    grown = max(bq, -(-lq // n)), max(bk, -(-lk // n))
+    if mods is None or mods.kinds is None or (bq, bk) != mods.block:
+        return grown
+    if mods.visited(0, lq, 0, lk) <= n * n:
+        return bq, bk
+    return -(-grown[0] // bq) * bq, -(-grown[1] // bk) * bk
 
 
 def _exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
@@ -242,8 +279,7 @@ def _query_block(
     # The row max may be subtracted in place on real, writeable tiles that
     # autograd has not saved (checked per tile: s.requires_grad).
     mutable = is_concrete(qb) and is_writeable_array(qb)
-    for k0 in range(lo, hi, bk):
-        k1 = min(k0 + bk, hi)
+    for k0, k1 in tile_spans(lo, hi, bk, phase=_phase(p, 1, bk)):
         kind = p.kind(q0, q1, k0, k1)
         if kind == EMPTY:  # the block mask hides the tile: its keys are never read
             continue

@@ -100,18 +100,22 @@ def auto_delegates(
     - Only where no key that a mask handed to the kernel hides is inf or
       NaN: the generic paths replace hidden scores by ``-inf`` and never see
       such a key, while the kernel adds its mask to the scores it formed
-      (NaN rows). The kernel's own ``is_causal`` skips hidden keys, so plain
-      causal calls need no check; others pay one reduction over the keys and
-      a host read, where the keys can be read (not under ``torch.compile``).
+      (NaN rows). The kernel's own ``is_causal`` is no exception: torch's
+      math kernel masks the scores it formed too, and one +inf key in the
+      future of every row but the last makes every row NaN. Every call
+      that hides keys pays one reduction over the keys and a host read,
+      where the keys can be read (not under ``torch.compile``).
     """
     if namespace_library(xp) != "torch" or refusal(p, return_lse=return_lse, xp=xp) is not None:
         return False
     if p.mods is not None:  # a block mask: the blockwise path skips its empty tiles, SDPA cannot
         return False
-    if p.lq == 0 or p.lk == 0 or _kernel_causal(p):
+    if p.lq == 0 or p.lk == 0:
         return True
     if not _hidden_keys_finite(p, xp=xp):
         return False
+    if _kernel_causal(p):
+        return True
     pairs = p.lq * p.lk
     batch = math.prod(p.batch)
     if pairs <= materialize_max_pairs:
@@ -130,10 +134,15 @@ def _hidden_keys_finite(p: Problem, *, xp: Namespace) -> bool:
 
 
 def _kernel_causal(p: Problem) -> bool:
-    """Plain top-left causal: the kernels' own ``is_causal``, with no mask to build."""
+    """Plain top-left causal: the kernels' own ``is_causal``, with no mask to build.
+
+    Never with a block mask: the kernel's ``is_causal`` takes no other mask,
+    so the block mask's must be folded into the one it is handed.
+    """
     s = p.structure
     return (
-        s.causal
+        p.mods is None
+        and s.causal
         and s.offset == 0
         and s.window is None
         and p.variant.mask is None
