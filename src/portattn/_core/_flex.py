@@ -195,7 +195,8 @@ class Mods:
         blocks = xp.asarray(table, dtype=xp.int8, device=device)
         rows = xp.arange(oq, oq + q1 - q0, dtype=ints, device=device) // bq - i0
         cols = xp.arange(ok, ok + k1 - k0, dtype=ints, device=device) // bk - j0
-        kinds = xp.take(xp.take(blocks, rows, axis=0), cols, axis=1)[None, None]
+        kinds = xp.take(xp.take(blocks, rows, axis=0), cols, axis=1)
+        kinds = xp.reshape(kinds, (1, 1, q1 - q0, k1 - k0))
         return xp.logical_and(xp.logical_or(m, kinds == FULL), kinds != EMPTY)
 
 

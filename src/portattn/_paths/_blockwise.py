@@ -136,8 +136,11 @@ def blockwise_attention(
     return out, lse
 
 
-def tile_spans(lo: int, hi: int, size: int, *, phase: int) -> list[tuple[int, int]]:
-    """``[t0, t1)`` tiles of ``size`` over ``[lo, hi)``, edges where ``(t + phase) % size == 0``."""
+def tile_spans(lo: int, hi: int, size: int, *, phase: int | None) -> list[tuple[int, int]]:
+    """``[t0, t1)`` tiles of ``size`` over ``[lo, hi)``: from ``lo`` on, or (``phase`` given)
+    with edges where ``(t + phase) % size == 0``, a block mask's own edges."""
+    if phase is None:
+        return [(t0, min(t0 + size, hi)) for t0 in range(lo, hi, size)]
     out, t0 = [], lo
     while t0 < hi:
         t1 = min(hi, t0 + size - (t0 + phase) % size)
@@ -146,15 +149,16 @@ def tile_spans(lo: int, hi: int, size: int, *, phase: int) -> list[tuple[int, in
     return out
 
 
-def _phase(p: Problem, axis: int, size: int) -> int:
-    """Where a block mask's tile edges fall in a problem that starts inside the call (dask's pairs).
+def _phase(p: Problem, axis: int, size: int) -> int | None:
+    """Where a block mask's tile edges fall, for tiles of its own ``size``; ``None`` without one.
 
-    Tiles of the mask's own size then start at its edges, so each is one
-    entry of its table and an EMPTY one is never read; 0 otherwise.
+    A problem may start inside the call (dask's pair tasks): tiles then
+    still start at the mask's edges, so each is one entry of its table and
+    an EMPTY one is never read.
     """
     mods = p.mods
     if mods is None or mods.kinds is None or mods.block[axis] != size:
-        return 0
+        return None
     return mods.origin[2 + axis] % size
 
 
