@@ -125,10 +125,20 @@ def attention(
 
         out, lse, stats = torch_attention(q, k, v, sinks, options, group, xp)
         _LAST[:] = [stats]
+    elif lib == "jax":
+        if group is not None:
+            msg = (
+                "expected group=None for JAX arrays (their ranks are a mesh axis, axis_name=), "
+                f"got group={group!r}"
+            )
+            raise ValueError(msg)
+        from ._jax import jax_attention
+
+        out, lse = jax_attention(q, k, v, sinks, options, axis_name, xp)
     else:
         msg = (
-            "portattn.parallel.attention needs torch tensors (with a torch.distributed group), "
-            f"got {lib} arrays"
+            "portattn.parallel.attention needs torch tensors (with a torch.distributed group) "
+            f"or JAX arrays (inside jax.shard_map, with axis_name=), got {lib} arrays"
         )
         raise TypeError(msg)
     return (out, lse) if want_lse else out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from .._core._mods import index_dtype
 from .._lib._checks import check_int
 from .._lib._compat import array_namespace, resolve_namespace
 from .._lib._typing import Array, Device, Namespace
@@ -147,7 +148,9 @@ def positions(
     xp: Namespace | None = None,
     device: Device | None = None,
 ) -> Array:
-    """The global positions (int64) of rank ``rank``'s rows: for RoPE and ``position_ids``.
+    """The global positions of rank ``rank``'s rows: for RoPE and ``position_ids``.
+
+    int64 (int32 under JAX without x64), on ``device``.
 
     Examples
     --------
@@ -159,8 +162,9 @@ def positions(
     r, w = _check_rank_world(rank, world)
     kind = check_layout(layout)
     ns = resolve_namespace(xp)
+    ints = index_dtype(xp=ns, device=device)
     parts = [
-        ns.arange(g, g + rows, dtype=ns.int64, device=device)
+        ns.arange(g, g + rows, dtype=ints, device=device)
         for _, g, rows in row_starts(n, r, w, kind)
     ]
     return parts[0] if len(parts) == 1 else ns.concat(parts)
