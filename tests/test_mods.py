@@ -366,3 +366,65 @@ def test_ready_made_mods_through_attention_equal_flex_attention(rng, impl, fresh
         np.testing.assert_allclose(
             got.numpy(), want.numpy(), rtol=2e-5, atol=2e-5, err_msg=f"{name} + {sname}"
         )
+
+
+@pytest.mark.jax32
+def test_captured_arrays_are_checked_against_the_call_on_every_library(backend: Backend, rng):
+    """Too few (or, per head, too many) entries are refused before any tile is indexed.
+
+    JAX clamps an index past the end (a wrong answer, no error); NumPy and
+    torch raise a bare IndexError: every library gets the same named error.
+    """
+    xp = backend.xp
+    q = backend.asarray(rng.standard_normal((B, H, LQ, 4)), xp.float32)
+    k = backend.asarray(rng.standard_normal((B, H, LK, 4)), xp.float32)
+    score_cases = [
+        (mods.alibi(backend.asarray(np.ones(H - 1), xp.float32)), "slopes.*H=3, got 2"),
+        (mods.alibi(backend.asarray(np.ones(H + 1), xp.float32)), "slopes.*H=3, got 4"),
+        (mods.t5_relative_bias(backend.asarray(np.ones((32, H - 1)), xp.float32)), "H=3, got 2"),
+        (mods.t5_relative_bias(backend.asarray(np.ones((32, H + 2)), xp.float32)), "H=3, got 5"),
+    ]
+    for mod, match in score_cases:
+        for impl in ("auto", "materialize", "blockwise"):
+            with pytest.raises(ValueError, match=match):
+                pa.attention(q, k, k, score_mod=mod, impl=impl)
+        with pytest.raises(ValueError, match=match):
+            pa.attention_weights(q, k, score_mod=mod)
+    short = backend.asarray(DOC[: LQ - 1])
+    mask_cases = [
+        (mods.documents(short), "ids captured by mods.documents.*Lq=37, got 36"),
+        (mods.documents(backend.asarray(DOC), short), "kv_ids.*Lk=41, got 36"),
+        (pa.and_masks(mods.causal, mods.documents(short)), "Lq=37, got 36"),
+        (pa.or_masks(mods.documents(backend.asarray(np.stack([DOC]))), mods.causal), "B=2, got 1"),
+        (mods.prefix_lm(backend.asarray(np.array([3]))), "prefix.*B=2, got 1"),
+    ]
+    for mod, match in mask_cases:
+        with pytest.raises(ValueError, match=match):
+            pa.create_block_mask(mod, B, None, LQ, LK, xp=xp, device=backend.device)
+
+
+def test_t5_max_distance_must_pass_the_exact_buckets():
+    # 32 bidirectional buckets: 8 exact ones per side; log(8 / 8) = 0 would divide by zero.
+    with pytest.raises(ValueError, match="max_distance=8"):
+        mods.t5_relative_bias(np.zeros((32, 1)), max_distance=8)
+    with pytest.raises(ValueError, match="max_distance=16"):
+        mods.t5_relative_bias(np.zeros((32, 1)), bidirectional=False, max_distance=16)
+    mod = mods.t5_relative_bias(np.arange(32.0)[:, None], max_distance=9)
+    kv = np.arange(-40, 41).reshape(1, 1, 1, -1)
+    zero = np.zeros((1, 1, 1, 1), dtype=np.int64)
+    got = mod(np.zeros((1, 1, 1, 81)), zero, zero, zero, kv).ravel()
+    assert got.min() >= 0 and got.max() <= 31  # every bucket a row of the table
+
+
+def test_a_custom_mod_indexing_past_its_array_is_named(rng):
+    ids = np.zeros(10, dtype=np.int64)
+
+    def my_docs(b, h, q, kv):
+        return ids[q] == ids[kv]
+
+    with pytest.raises(ValueError, match=r"mask_mod my_docs captures to cover.*16 queries"):
+        pa.create_block_mask(my_docs, None, None, 16, 16, block_size=16)
+    q = rng.standard_normal((1, 2, 16, 4))
+    slopes = np.ones(1)
+    with pytest.raises(ValueError, match=r"score_mod <lambda> captures to cover.*2 heads"):
+        pa.attention(q, q, q, score_mod=lambda s, b, h, qi, kv: s - slopes[h])

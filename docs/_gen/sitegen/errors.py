@@ -20,6 +20,7 @@ import numpy as np
 import portattn as pa
 q = np.ones((2, 4, 3)); k = np.ones((2, 5, 3)); v = np.ones((2, 5, 6))
 x = np.ones((4, 4), dtype=np.float32)
+x4 = np.ones((1, 2, 8, 4))  # (B, H, L, d), as score_mod and block_mask take
 """
 
 
@@ -153,6 +154,15 @@ CASES: tuple[Case, ...] = (
     # testing helpers
     Case("testing", "pa.testing.assert_close([1.0, 2.0], np.array([1.0, 2.0]), rtol=0)"),
     Case("testing", "pa.testing.assert_close(np.ones(2), np.ones(2), rtol='0')"),
+    # programmable attention: captured arrays against the call's sizes
+    Case("mods", "pa.attention(x4, x4, x4, score_mod=pa.mods.alibi(np.ones(3)))"),
+    Case("mods", "pa.attention(x4, x4, x4, score_mod=pa.mods.t5_relative_bias(np.ones((32, 3))))"),
+    Case("mods", "pa.mods.t5_relative_bias(np.ones((32, 2)), max_distance=8)"),
+    Case("mods", "pa.create_block_mask(pa.mods.documents(np.zeros(6, int)), None, None, 8, 8)"),
+    Case("mods", "pa.create_block_mask(pa.mods.prefix_lm(np.array([3])), 2, None, 8, 8)"),
+    Case(
+        "mods", "pa.create_block_mask(lambda b, h, q, kv: np.arange(4)[q] < kv, None, None, 8, 8)"
+    ),
 )
 
 

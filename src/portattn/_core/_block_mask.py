@@ -19,7 +19,7 @@ from .._lib._checks import check_int, shown
 from .._lib._compat import is_concrete, is_dask_namespace, resolve_namespace
 from .._lib._convert import to_numpy
 from .._lib._typing import Array, Device, Namespace
-from ._mods import MaskMod, apply_mask_mod, tile_indices
+from ._mods import MaskMod, apply_mask_mod, check_sizes, tile_indices
 
 __all__ = ["EMPTY", "FULL", "PARTIAL", "BlockMask", "create_block_mask"]
 
@@ -354,6 +354,7 @@ def create_block_mask(
             "pass xp=None (NumPy): that mask serves dask inputs"
         )
         raise ValueError(msg)
+    check_sizes(mask_mod, batch=nb, heads=nh, lq=lq, lk=lk)
     kinds = np.zeros((nb, nh, -(-lq // bq), -(-lk // bk)), dtype=np.int8)
     if lq and lk:
         _fill(kinds, mask_mod, (nb, nh, lq, lk), (bq, bk), xp=ns, device=device)

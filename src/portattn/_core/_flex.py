@@ -25,7 +25,14 @@ from typing import Any
 from .._lib._checks import shown
 from .._lib._typing import Array, Device, Namespace
 from ._block_mask import EMPTY, FULL, PARTIAL, BlockMask
-from ._mods import MaskMod, ScoreMod, apply_mask_mod, apply_score_mod, tile_indices
+from ._mods import (
+    MaskMod,
+    ScoreMod,
+    apply_mask_mod,
+    apply_score_mod,
+    check_sizes,
+    tile_indices,
+)
 from ._softmax import exp_floor, safe_exp
 
 __all__ = [
@@ -243,6 +250,9 @@ def flex_mods(
             f"got batch shape {batch} ({len(batch) + 2}-D)"
         )
         raise ValueError(msg)
+    nb, nh = batch
+    if score_mod is not None:
+        check_sizes(score_mod, batch=nb, heads=nh, lq=lq, lk=lk)
     if block_mask is None:
         return Mods(score_mod)
     if not isinstance(block_mask, BlockMask):
@@ -258,6 +268,7 @@ def flex_mods(
             f"({batch[0]}, {batch[1]}, {lq}, {lk}) (B and H may be None), got one for {shape}"
         )
         raise ValueError(msg)
+    check_sizes(block_mask.mask_mod, batch=nb, heads=nh, lq=lq, lk=lk)
     return Mods(
         score_mod,
         block_mask.mask_mod,

@@ -24,8 +24,10 @@ __all__ = [
     "and_masks",
     "apply_mask_mod",
     "apply_score_mod",
+    "check_sizes",
     "index_dtype",
     "or_masks",
+    "sized",
     "tile_indices",
 ]
 
@@ -33,6 +35,26 @@ MaskMod = Callable[[Array, Array, Array, Array], Array]
 ScoreMod = Callable[[Array, Array, Array, Array, Array], Array]
 
 Indices = tuple[Array, Array, Array, Array]
+
+
+# The attribute a mod carries to check the arrays it captures against a
+# call's sizes: JAX clamps an out-of-range index instead of raising, so the
+# check runs before any tile is indexed, on every library.
+_SIZES = "_portattn_check_sizes"
+SizeCheck = Callable[[int, int, int, int], None]
+
+
+def sized(mod: Callable[..., Array], check: SizeCheck) -> Callable[..., Array]:
+    """``mod``, carrying ``check(B, H, Lq, Lk)``, which raises where a captured array is short."""
+    setattr(mod, _SIZES, check)
+    return mod
+
+
+def check_sizes(mod: object, *, batch: int, heads: int, lq: int, lk: int) -> None:
+    """Run the size check ``mod`` carries (:func:`sized`), if any, for a call of these sizes."""
+    check = getattr(mod, _SIZES, None)
+    if check is not None:
+        check(batch, heads, lq, lk)
 
 
 def index_dtype(*, xp: Namespace, device: Device = None) -> DType:
@@ -124,6 +146,20 @@ def _library(x: object) -> str:
     return "jax" if top == "jaxlib" else top
 
 
+def _called(what: str, mod: object, idx: Indices, fn: Callable[..., Array], *args: Array) -> Array:
+    """``fn(*args)``; an IndexError (a captured array too short) becomes a ValueError naming it."""
+    try:
+        return fn(*args)
+    except IndexError as e:
+        b, h, q, kv = _tile_shape(idx)
+        msg = (
+            f"expected every array that {what} {_name_of(mod)} captures to cover the positions "
+            "of the axis that indexes it (B, H, Lq or Lk), got an index past the end on a tile "
+            f"of {b} batch entries, {h} heads, {q} queries and {kv} keys ({e})"
+        )
+        raise ValueError(msg) from e
+
+
 def apply_mask_mod(mask_mod: MaskMod, idx: Indices, *, xp: Namespace) -> Array:
     """``mask_mod(*idx)`` checked, as a 4-D boolean array that broadcasts to the tile.
 
@@ -131,7 +167,7 @@ def apply_mask_mod(mask_mod: MaskMod, idx: Indices, *, xp: Namespace) -> Array:
     ``b`` and ``h`` returns (1, 1, Tq, Tk), and callers may exploit that.
     """
     tile = _tile_shape(idx)
-    got = mask_mod(*idx)
+    got = _called("mask_mod", mask_mod, idx, mask_mod, *idx)
     _check_library("mask_mod", mask_mod, got, idx)
     shape = tuple(getattr(got, "shape", ()))
     dtype = getattr(got, "dtype", None)
@@ -160,7 +196,7 @@ def apply_score_mod(score_mod: ScoreMod, score: Array, idx: Indices, *, xp: Name
     float64) is cast back; one that broadcasts to the score's shape is
     broadcast. Anything else is refused, naming the mod.
     """
-    got = score_mod(score, *idx)
+    got = _called("score_mod", score_mod, idx, score_mod, score, *idx)
     _check_library("score_mod", score_mod, got, idx)
     dtype = getattr(got, "dtype", None)
     if dtype is None or not (
@@ -239,7 +275,7 @@ def and_masks(*mask_mods: MaskMod) -> MaskMod:
             result = result & mod(b, h, q_idx, kv_idx)
         return result
 
-    return and_mask
+    return sized(and_mask, _check_each(mods))
 
 
 def or_masks(*mask_mods: MaskMod) -> MaskMod:
@@ -281,4 +317,12 @@ def or_masks(*mask_mods: MaskMod) -> MaskMod:
             result = result | mod(b, h, q_idx, kv_idx)
         return result
 
-    return or_mask
+    return sized(or_mask, _check_each(mods))
+
+
+def _check_each(mods: tuple[MaskMod, ...]) -> SizeCheck:
+    def check(nb: int, nh: int, lq: int, lk: int) -> None:
+        for mod in mods:
+            check_sizes(mod, batch=nb, heads=nh, lq=lq, lk=lk)
+
+    return check

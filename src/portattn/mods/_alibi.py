@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 
-from .._core._mods import ScoreMod
+from .._core._mods import ScoreMod, sized
 from .._lib._checks import check_int
 from .._lib._compat import resolve_namespace
 from .._lib._typing import Array, Device, DType, Namespace
-from ._captured import captured
+from ._captured import captured, too_short
 
 __all__ = ["alibi", "alibi_slopes"]
 
@@ -73,7 +73,8 @@ def alibi(slopes: Array, /) -> ScoreMod:
     slopes : array
         Real floating array of shape ``(H,)``, one slope per query head
         (:func:`alibi_slopes` gives the paper's), in the library the
-        attention computes in.
+        attention computes in. A call with another number of heads is
+        refused before any score is formed.
 
     Returns
     -------
@@ -100,4 +101,8 @@ def alibi(slopes: Array, /) -> ScoreMod:
         distance = xp.astype(abs(q_idx - kv_idx), score.dtype)
         return score - per_head[h] * distance
 
-    return alibi_bias
+    def check(nb: int, nh: int, lq: int, lk: int) -> None:
+        if per_head.shape[0] != nh:
+            too_short("mods.alibi", "slopes", per_head.shape[0], f"one per query head, H={nh}")
+
+    return sized(alibi_bias, check)

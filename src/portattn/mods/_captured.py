@@ -6,7 +6,7 @@ from .._lib._checks import check_array, dtype_name, has_kind
 from .._lib._compat import array_namespace
 from .._lib._typing import Array, Namespace
 
-__all__ = ["captured"]
+__all__ = ["captured", "too_short"]
 
 
 def captured(name: str, x: object, *, kind: str, ranks: tuple[int, ...]) -> tuple[Array, Namespace]:
@@ -23,3 +23,13 @@ def captured(name: str, x: object, *, kind: str, ranks: tuple[int, ...]) -> tupl
         msg = f"expected {name} to be {shapes}, got shape {tuple(arr.shape)}"
         raise ValueError(msg)
     return arr, xp
+
+
+def too_short(mod: str, name: str, got: int, want: str) -> None:
+    """Refuse a captured array of the wrong size for the call, before any tile is indexed.
+
+    JAX would clamp an index past the end and answer wrongly; NumPy and
+    torch would raise a bare IndexError naming neither the mod nor the size.
+    """
+    msg = f"expected the {name} captured by {mod} to have {want}, got {got}"
+    raise ValueError(msg)

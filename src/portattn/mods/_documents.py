@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .._core._mods import MaskMod
+from .._core._mods import MaskMod, sized
 from .._lib._typing import Array
-from ._captured import captured
+from ._captured import captured, too_short
 
 __all__ = ["documents"]
 
@@ -20,7 +20,9 @@ def documents(ids: Array, /, kv_ids: Array | None = None) -> MaskMod:
     ids : array
         Integer document id of every position: shape ``(L,)``, or ``(B, L)``
         when each batch row is packed differently. Captured, not copied; it
-        must be of the library the mod computes in.
+        must be of the library the mod computes in. A call with more
+        positions (or batch rows) than it holds is refused before any tile
+        is indexed (JAX would clamp the index).
     kv_ids : array, optional
         Ids of the keys when they differ from the queries' (cross-attention,
         a KV cache); same rank as ``ids``.
@@ -62,4 +64,14 @@ def documents(ids: Array, /, kv_ids: Array | None = None) -> MaskMod:
         def document_mask(b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
             return q_ids[b, q_idx] == k_ids[b, kv_idx]
 
-    return document_mask
+    def check(nb: int, nh: int, lq: int, lk: int) -> None:
+        name = "mods.documents"
+        if q_ids.shape[-1] < lq:
+            too_short(name, "ids", q_ids.shape[-1], f"an id for every query position, Lq={lq}")
+        if k_ids.shape[-1] < lk:
+            which = "ids" if kv_ids is None else "kv_ids"
+            too_short(name, which, k_ids.shape[-1], f"an id for every key position, Lk={lk}")
+        if q_ids.ndim == 2 and q_ids.shape[0] < nb:
+            too_short(name, "ids", q_ids.shape[0], f"a row for every batch entry, B={nb}")
+
+    return sized(document_mask, check)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numbers
 
-from .._core._mods import MaskMod
+from .._core._mods import MaskMod, sized
 from .._lib._checks import check_int
 from .._lib._typing import Array
-from ._captured import captured
+from ._captured import captured, too_short
 
 __all__ = ["prefix_lm"]
 
@@ -55,4 +55,8 @@ def prefix_lm(prefix: int | Array, /) -> MaskMod:
     def prefix_lm_rows(b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
         return (kv_idx < lengths[b]) | (q_idx >= kv_idx)
 
-    return prefix_lm_rows
+    def check(nb: int, nh: int, lq: int, lk: int) -> None:
+        if lengths.shape[0] < nb:
+            too_short("mods.prefix_lm", "prefix", lengths.shape[0], f"one per batch row, B={nb}")
+
+    return sized(prefix_lm_rows, check)

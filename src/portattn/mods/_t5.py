@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 
-from .._core._mods import ScoreMod
+from .._core._mods import ScoreMod, sized
 from .._lib._checks import check_flag, check_int
 from .._lib._compat import array_namespace, device_of
 from .._lib._typing import Array
-from ._captured import captured
+from ._captured import captured, too_short
 
 __all__ = ["t5_buckets", "t5_relative_bias"]
 
@@ -69,12 +69,15 @@ def t5_relative_bias(
     ----------
     table : array
         Real floating ``(num_buckets, H)`` array, as T5's
-        ``relative_attention_bias.weight``.
+        ``relative_attention_bias.weight``. A call with another number of
+        heads is refused before any score is formed.
     bidirectional : bool, default True
         True for T5's encoder (the sign of the distance picks half the
         buckets), False for its decoder.
     max_distance : int, default 128
-        Distance from which every pair shares the last bucket.
+        Distance from which every pair shares the last bucket; it must
+        exceed the number of exact buckets (``num_buckets // 4`` when
+        bidirectional, ``// 2`` otherwise).
 
     Returns
     -------
@@ -97,7 +100,8 @@ def t5_relative_bias(
     far = check_int("max_distance", max_distance, minimum=1)
     n = int(weight.shape[0])
     least = 4 if two_way else 2
-    if n < least or far < n // (2 if two_way else 1) // 2:
+    # At max_distance == the exact buckets the log-spaced ones would divide by log(1) = 0.
+    if n < least or far <= n // (2 if two_way else 1) // 2:
         msg = (
             f"expected table to have at least {least} buckets (rows) and max_distance to reach "
             f"past the exact buckets, got {n} buckets and max_distance={far}"
@@ -112,4 +116,13 @@ def t5_relative_bias(
         step = _clip(kv_idx - q_idx, far) + far
         return score + weight[buckets[step], h]
 
-    return t5_bias
+    def check(nb: int, nh: int, lq: int, lk: int) -> None:
+        if weight.shape[1] != nh:
+            too_short(
+                "mods.t5_relative_bias",
+                "table",
+                weight.shape[1],
+                f"one column per query head, H={nh}",
+            )
+
+    return sized(t5_bias, check)
