@@ -98,6 +98,61 @@ def pytest_configure(config: pytest.Config) -> None:
     requested()  # refuse unknown names before collecting anything
 
 
+# The optional libraries that test modules import at module level, and the
+# backends whose request makes each one required. A library that no backend
+# names (dask, transformers, ...) is required by any run that sets
+# PORTATTN_BACKENDS (every nox session installs the whole test group); the
+# docs' libraries are required when PORTATTN_SITE_DIR points at a built site.
+OPTIONAL: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "jax": ("jax", "jax32"),
+    "array_api_strict": ("array_api_strict",),
+    **dict.fromkeys(
+        ("dask", "distributed", "hypothesis", "ndonnx", "onnxruntime", "transformers"), ()
+    ),
+}
+SITE_ONLY = ("griffe", "mkdocs", "playwright")
+
+
+def optional_absent(exc: BaseException | None) -> str | None:
+    """Why a module that failed to import may skip: an optional library absent and not asked for."""
+    if not isinstance(exc, ImportError) or exc.name is None:
+        return None
+    root = exc.name.split(".")[0]
+    asked = requested()
+    if root in SITE_ONLY:
+        if os.environ.get("PORTATTN_SITE_DIR"):
+            return None
+        return f"{root} is not installed (the docs group; `nox -s docs` runs these tests)"
+    if root not in OPTIONAL:
+        return None
+    by = OPTIONAL[root]
+    if asked is not None and (not by or set(by) & set(asked)):
+        return None
+    wanted = f" and {ENV} does not ask for {'/'.join(by)}" if by else f" and {ENV} is unset"
+    return f"{root} is not installed{wanted}"
+
+
+class OptionalModule(pytest.Module):
+    """A test module that skips, with the reason, when an optional library it imports is absent.
+
+    An absent library that the run asked for stays a collection error.
+    """
+
+    def _getobj(self) -> Any:
+        try:
+            return super()._getobj()
+        except pytest.Collector.CollectError as exc:
+            reason = optional_absent(exc.__cause__)
+            if reason is None:
+                raise
+            raise pytest.skip.Exception(reason, allow_module_level=True) from None
+
+
+def pytest_pycollect_makemodule(module_path: Any, parent: Any) -> pytest.Module:
+    return OptionalModule.from_parent(parent, path=module_path)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     req = requested()
     return f"portattn backends: {', '.join(backend_names())}" + (

@@ -10,6 +10,7 @@ browser downloads are never used.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -36,9 +37,11 @@ SCREENSHOTS = ROOT / "screenshots"
 # The tests compare the pages with what docs/_gen/sitegen computes, and share
 # the browser helpers of browsing.py (this folder is not a package: its name
 # would shadow the standard library's site module).
+# Appended, not put first: ``from conftest import ...`` in tests/ must still
+# find tests/conftest.py, not this file.
 for _path in (ROOT / "docs" / "_gen", Path(__file__).resolve().parent):
     if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+        sys.path.append(str(_path))
 
 
 @functools.cache
@@ -54,6 +57,10 @@ def built_site() -> Path:
         if not (path / "chapter" / "index.html").is_file():
             pytest.fail(f"PORTATTN_SITE_DIR={given} has no built chapter page; run mkdocs build")
         return path
+    if importlib.util.find_spec("mkdocs") is None:
+        pytest.skip(
+            "mkdocs is not installed (the docs group; `nox -s docs` builds and tests the site)"
+        )
     out = Path(tempfile.mkdtemp(prefix="portattn-site-"))
     subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
