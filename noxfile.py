@@ -19,12 +19,19 @@ groups, never from this file.
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import nox
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "docs" / "_gen"))
+from jaxcache import jax_cache_env  # shared with docs/_gen/hooks.py
 
 nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "uv|venv"
@@ -37,7 +44,7 @@ PYPROJECT = nox.project.load_toml("pyproject.toml")
 # test environment installs it; jax, the other oracle, is in the test group.
 # On CI, .ci/run pins torch's CPU wheel through PIP_CONSTRAINT/UV_CONSTRAINT;
 # users elsewhere get whatever torch their installer resolves.
-CPU_EXTRAS = ".[torch,strict,plot,transformers]"
+CPU_EXTRAS = ".[torch,jax,strict,transformers]"
 # lint runs here too: mypy must see torch and transformers as the code does
 # (without them, subclassing torch.autograd.Function is "subclassing Any").
 CPU_GROUPS = ("test", "bench", "lint")
@@ -56,10 +63,10 @@ def _groups(*names: str) -> list[str]:
     return [req for name in names for req in nox.project.dependency_groups(PYPROJECT, name)]
 
 
-def _install(session: nox.Session, *args: str) -> None:
+def _install(session: nox.Session, *args: str, env: dict[str, str | None] | None = None) -> None:
     # uv keeps an installed local package even when its source changed.
     fresh = ("--reinstall-package", "portattn") if session.venv_backend == "uv" else ()
-    session.install(*fresh, *args)
+    session.install(*fresh, *args, env=env)
 
 
 def _cuda_present() -> bool:
@@ -96,24 +103,6 @@ def _run(
     )
 
 
-def _jax_cache() -> dict[str, str | None]:
-    """Keep JAX's compiled programs between runs, in the user's cache directory.
-
-    JAX compiles every eager operation once per shape and dtype, and the
-    suite runs hundreds of small shapes: bare nox took 783 s of CPU with this
-    cache cold and 530 s warm. It lives outside the clone (entries are keyed
-    by the program and the JAX version) so that a fresh clone finds it warm,
-    like uv's wheels. A user's own JAX_* settings win.
-    """
-    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    wanted = {
-        "JAX_COMPILATION_CACHE_DIR": os.path.join(home, "portattn", "jax"),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
-    return {k: v for k, v in wanted.items() if k not in os.environ}
-
-
 def _pytest(session: nox.Session, backends: str, markers: str) -> None:
     # pytest's exit code 5 (the markers selected no test) fails the session:
     # a suite that silently shrank to nothing is not a pass.
@@ -126,7 +115,7 @@ def _pytest(session: nox.Session, backends: str, markers: str) -> None:
         "-m",
         markers,
         *session.posargs,
-        env={"PORTATTN_BACKENDS": backends, **_jax_cache()},
+        env={"PORTATTN_BACKENDS": backends, **jax_cache_env()},
     )
 
 
@@ -141,7 +130,7 @@ def tests(session: nox.Session) -> None:
         "--doctest-modules",
         "--pyargs",
         "portattn",
-        env=_jax_cache(),
+        env=dict(jax_cache_env()),
     )
 
 
@@ -151,28 +140,154 @@ def tests_extra(session: nox.Session) -> None:
     _pytest(session, CPU_BACKENDS, EXTRA_MARKERS)
 
 
-@_shared(name="tests-numpy", default=False)
-def tests_numpy(session: nox.Session) -> None:
-    """The default suite on NumPy only (plain and read-only arrays)."""
-    _pytest(session, "numpy,numpy_readonly", DEFAULT_MARKERS)
+# One backend at a time: `nox -s "tests-backend(numpy)"`, or every one in turn
+# with `nox -s tests-backend`.
+ONE_BACKEND = {
+    "numpy": "numpy,numpy_readonly",
+    "torch": "torch",
+    "strict": "array_api_strict",
+    "jax": "jax",
+}
 
 
-@_shared(name="tests-torch", default=False)
-def tests_torch(session: nox.Session) -> None:
-    """The default suite on PyTorch (CPU) only."""
-    _pytest(session, "torch", DEFAULT_MARKERS)
+@_shared(name="tests-backend", default=False)
+@nox.parametrize("backend", list(ONE_BACKEND), ids=list(ONE_BACKEND))
+def tests_backend(session: nox.Session, backend: str) -> None:
+    """The default suite on one backend: numpy (plain and read-only), torch, strict or jax."""
+    _pytest(session, ONE_BACKEND[backend], DEFAULT_MARKERS)
 
 
-@_shared(name="tests-strict", default=False)
-def tests_strict(session: nox.Session) -> None:
-    """The default suite on array-api-strict only, proof that only the standard is used."""
-    _pytest(session, "array_api_strict", DEFAULT_MARKERS)
+# Every Python that pyproject.toml's classifiers list. Only a 3.11 CPU wheel of
+# torch lies on CI's disk (elsewhere torch is a multi-GB CUDA download), so
+# these environments have no torch: NumPy (plain and read-only) and
+# array-api-strict run the default suite in full, JAX runs its subset (the
+# dtype-width tests marked jax32, on jax and jax32, and the cross-backend
+# agreement), and the modules that import torch skip, saying so.
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+NO_TORCH_BACKENDS = "numpy,numpy_readonly,array_api_strict"
+NO_TORCH_EXTRAS = ".[strict,jax]"
+JAX_SUBSET = ("tests/test_cross_backend.py", "tests/test_block_mask.py", "tests/test_mods.py")
 
 
-@_shared(name="tests-jax", default=False)
-def tests_jax(session: nox.Session) -> None:
-    """The default suite on JAX (CPU) only."""
-    _pytest(session, "jax", DEFAULT_MARKERS)
+def _pyenv_pythons() -> None:
+    """Put pyenv's real ``python3.X`` first on PATH, for each X in PYTHONS that pyenv holds.
+
+    pyenv's shims answer "command not found" for every version that is not
+    selected (``pyenv global``/``PYENV_VERSION``), and nox and uv would take
+    that shim for the interpreter. Links in ``.nox/pythons`` name only
+    ``python3.X``, so nothing else on PATH changes; the newest patch wins.
+    """
+    root = os.environ.get("PYENV_ROOT") or os.path.join(os.path.expanduser("~"), ".pyenv")
+    links = Path(__file__).resolve().parent / ".nox" / "pythons"
+    found = {}
+    for minor in PYTHONS:
+        pattern = os.path.join(root, "versions", f"{minor}.*", "bin", f"python{minor}")
+        exact = [p for p in glob.glob(pattern) if re.search(rf"/{re.escape(minor)}\.\d+/bin/", p)]
+        if exact:
+            found[minor] = max(exact, key=lambda p: int(p.split("/")[-3].split(".")[2]))
+    if not found:
+        return
+    links.mkdir(parents=True, exist_ok=True)
+    for minor, real in found.items():
+        link = links / f"python{minor}"
+        if not link.is_symlink() or os.readlink(link) != real:
+            link.unlink(missing_ok=True)
+            link.symlink_to(real)
+    os.environ["PATH"] = str(links) + os.pathsep + os.environ.get("PATH", "")
+
+
+_pyenv_pythons()
+
+
+def _no_torch_suite(session: nox.Session) -> None:
+    """The default suite without torch: NumPy and array-api-strict in full, JAX's subset."""
+    env = {"PORTATTN_BACKENDS": NO_TORCH_BACKENDS, **jax_cache_env()}
+    session.run(
+        "pytest", "tests", "--ignore=tests/site", "-m", DEFAULT_MARKERS, *session.posargs, env=env
+    )
+    env["PORTATTN_BACKENDS"] = "jax,jax32"
+    session.run("pytest", *JAX_SUBSET, "-m", f"jax32 and ({DEFAULT_MARKERS})", env=env)
+    env["PORTATTN_BACKENDS"] = "numpy,jax"
+    session.run("pytest", "tests/test_cross_backend.py", "-m", DEFAULT_MARKERS, env=env)
+
+
+@nox.session(name="tests-python", python=PYTHONS, default=False)
+def tests_python(session: nox.Session) -> None:
+    """Every supported Python: NumPy and array-api-strict in full, JAX's subset (no torch)."""
+    _install(session, NO_TORCH_EXTRAS, *_groups("test"))
+    _no_torch_suite(session)
+
+
+@nox.session(name="tests-lowest", python=PYTHONS[0], default=False)
+def tests_lowest(session: nox.Session) -> None:
+    """The lower bounds pyproject.toml declares (uv --resolution lowest-direct), oldest Python."""
+    if session.venv_backend != "uv":
+        session.error("tests-lowest needs uv (pip cannot resolve to the lowest versions)")
+    _install(session, "--resolution=lowest-direct", NO_TORCH_EXTRAS, *_groups("test"))
+    _no_torch_suite(session)
+
+
+@nox.session(name="tests-latest", default=False)
+def tests_latest(session: nox.Session) -> None:
+    """The newest releases, unpinned (torch's CUDA wheel runs on the CPU)."""
+    env = {"UV_CONSTRAINT": None, "PIP_CONSTRAINT": None, **jax_cache_env()}
+    _install(session, "--upgrade", CPU_EXTRAS, *_groups("test"), env=env)
+    versions = "import torch, jax, transformers as t; "
+    versions += "print(torch.__version__, jax.__version__, t.__version__)"
+    session.run("python", "-c", versions)
+    session.run(
+        "pytest",
+        "tests",
+        "--ignore=tests/site",
+        "-m",
+        DEFAULT_MARKERS,
+        *session.posargs,
+        env={"PORTATTN_BACKENDS": "numpy,torch,jax", **jax_cache_env()},
+    )
+
+
+# What a built distribution must not carry (CI's machine pins, maintainer
+# scripts, benchmark images) and what the wheel alone must not import.
+NOT_IN_SDIST = (".ci/", "scripts/", ".png", ".github/")
+IMPORT_CHECK = """
+import sys, importlib.metadata as md, portattn
+heavy = sorted({"torch", "jax", "dask"} & set(sys.modules))
+assert not heavy, f"import portattn imported {heavy}"
+wheel = md.version("portattn")
+assert portattn.__version__ == wheel, (portattn.__version__, wheel)
+print("portattn", wheel, "imported", len(sys.modules), "modules, none of torch/jax/dask")
+"""
+
+
+@nox.session(default=False)
+def build(session: nox.Session) -> None:
+    """sdist and wheel, twine check --strict, check-wheel-contents, the wheel alone in a venv."""
+    session.install(*_groups("release"))
+    tmp = Path(session.create_tmp()).resolve()
+    dist = tmp / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    # The wheel is built from the sdist, so a file the sdist lacks fails here.
+    session.run("python", "-m", "build", "--installer=uv", "--outdir", str(dist))
+    sdists, wheels = sorted(dist.glob("*.tar.gz")), sorted(dist.glob("*.whl"))
+    if len(sdists) != 1 or len(wheels) != 1:
+        session.error(f"expected one sdist and one wheel in {dist}, got {sdists + wheels}")
+    import tarfile
+
+    with tarfile.open(sdists[0]) as tar:
+        stray = [n for n in tar.getnames() if any(bad in n for bad in NOT_IN_SDIST)]
+    if stray:
+        session.error(f"the sdist carries files it must not: {stray}")
+    session.run("twine", "check", "--strict", *map(str, sdists + wheels))
+    session.run("check-wheel-contents", str(wheels[0]))
+    venv = tmp / "wheel-alone"
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run("uv", "venv", "--quiet", "--python", sys.executable, str(venv))
+    python = str(venv / "bin" / "python")
+    session.run("uv", "pip", "install", "--quiet", "--python", python, str(wheels[0]))
+    # Run outside the clone, so that nothing imports src/ by accident.
+    with session.chdir(tmp):
+        session.run(python, "-c", IMPORT_CHECK, external=True)
+        session.run(python, "-m", "portattn", external=True)
 
 
 # The oldest torch pyproject.toml allows: autograd behaviour that changed

@@ -21,22 +21,12 @@ if str(_HERE) not in sys.path:
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
-def _jax_cache() -> None:
-    """Keep JAX's compiled programs between builds, where the test sessions keep theirs.
+# Pages call JAX eagerly (the Transforms page's ``jax.grad`` cells compile
+# every operation once per shape): keep its compiled programs where the test
+# sessions keep theirs. Set before any page imports JAX, which reads them then.
+from jaxcache import jax_cache_env  # noqa: E402
 
-    Pages call JAX eagerly (the Transforms page's ``jax.grad`` cells compile
-    every operation once per shape), and each compile costs tens of ms on
-    the CPU: a warm cache saves about five seconds of the build. The same
-    directory and thresholds as noxfile's ``_jax_cache``; a user's own JAX_*
-    settings win. Set before any page imports JAX, which reads them then.
-    """
-    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(home, "portattn", "jax"))
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-
-
-_jax_cache()
+os.environ.update(jax_cache_env())
 
 from sitegen.mathml import render_math, tidy_roles  # noqa: E402
 
