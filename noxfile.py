@@ -159,12 +159,13 @@ def tests_backend(session: nox.Session, backend: str) -> None:
 
 # Every Python that pyproject.toml's classifiers list. Only a 3.11 CPU wheel of
 # torch lies on CI's disk (elsewhere torch is a multi-GB CUDA download), so
-# these environments have no torch: NumPy (plain and read-only) and
-# array-api-strict run the default suite in full, JAX runs its subset (the
+# these environments have no torch: NumPy and array-api-strict run the
+# default suite in full (read-only NumPy, a property of NumPy's arrays and not
+# of Python, is left to `tests`), JAX runs its subset (the
 # dtype-width tests marked jax32, on jax and jax32, and the cross-backend
 # agreement), and the modules that import torch skip, saying so.
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
-NO_TORCH_BACKENDS = "numpy,numpy_readonly,array_api_strict"
+NO_TORCH_BACKENDS = "numpy,array_api_strict"
 NO_TORCH_EXTRAS = ".[strict,jax]"
 JAX_SUBSET = ("tests/test_cross_backend.py", "tests/test_block_mask.py", "tests/test_mods.py")
 
@@ -277,6 +278,14 @@ def build(session: nox.Session) -> None:
         stray = [n for n in tar.getnames() if any(bad in n for bad in NOT_IN_SDIST)]
     if stray:
         session.error(f"the sdist carries files it must not: {stray}")
+    version = wheels[0].name.split("-")[1]
+    cited = re.search(r'^version: "(.+)"$', Path("CITATION.cff").read_text(), re.M)
+    if cited is None or cited.group(1) != version:
+        session.error(
+            f"CITATION.cff cites version {cited and cited.group(1)}, the wheel is {version}"
+        )
+    if f"## [{version}]" not in Path("CHANGELOG.md").read_text():
+        session.error(f"CHANGELOG.md has no section for {version}")
     session.run("twine", "check", "--strict", *map(str, sdists + wheels))
     session.run("check-wheel-contents", str(wheels[0]))
     venv = tmp / "wheel-alone"
@@ -361,7 +370,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(default=False)
 def docs(session: nox.Session) -> None:
     """Build the site strictly and test it in Chromium; ``nox -s docs -- serve`` serves it."""
-    session.install(".[torch,strict,plot]", *nox.project.dependency_groups(PYPROJECT, "docs"))
+    session.install(".[torch,strict]", *nox.project.dependency_groups(PYPROJECT, "docs"))
     if session.posargs and session.posargs[0] == "serve":
         session.run("mkdocs", "serve", "--dev-addr", "127.0.0.1:8000", *session.posargs[1:])
         return

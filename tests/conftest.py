@@ -153,6 +153,18 @@ def pytest_pycollect_makemodule(module_path: Any, parent: Any) -> pytest.Module:
     return OptionalModule.from_parent(parent, path=module_path)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A test that imports an optional library inside skips by the same rule as a module."""
+    try:
+        return (yield)
+    except ImportError as exc:
+        reason = optional_absent(exc)
+        if reason is None:
+            raise
+        pytest.skip(reason)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     req = requested()
     return f"portattn backends: {', '.join(backend_names())}" + (

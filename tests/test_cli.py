@@ -96,3 +96,68 @@ def test_cli_on_a_full_device_says_so_in_one_line():
     assert run.returncode == 1
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot write the report: No space left" in lines[0]
+
+
+# --- what a newcomer sees: version, help, colour, hints, the verdict ---------------------
+
+
+def test_version_and_help_name_hf_without_markup(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"portattn {pa.__version__}"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = capsys.readouterr().out
+    assert "python -m portattn hf" in help_text and "NO_COLOR" in help_text
+    assert "docs/chapter.md" in help_text
+    assert "``" not in help_text and ":func:" not in help_text
+
+
+def test_no_color_is_honoured(monkeypatch):
+    import portattn.__main__ as cli
+
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert cli.use_color(no_color_flag=False, stream=Tty())
+    assert not cli.use_color(no_color_flag=True, stream=Tty())
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not cli.use_color(no_color_flag=False, stream=Tty())
+    monkeypatch.setenv("NO_COLOR", "")  # no-color.org: present but empty does not count
+    assert cli.use_color(no_color_flag=False, stream=Tty())
+
+
+def test_every_missing_backend_gets_an_install_hint(monkeypatch):
+    import portattn.__main__ as cli
+
+    def absent(name):
+        raise ModuleNotFoundError(name)
+
+    monkeypatch.setattr(cli, "load", absent)
+    found, missing = cli.available_backends()
+    assert found == []
+    names = [m.split()[0] for m in missing]
+    assert names == list(cli._CANDIDATES)
+    for line in missing:
+        assert "(ModuleNotFoundError; " in line and ("pip install" in line or "GPU" in line), line
+
+
+def test_the_report_ends_with_a_verdict(capsys):
+    assert main(["--backend", "numpy", "--no-color"]) == 0
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert last.startswith("verdict: ran on numpy alone")
+
+
+def test_the_verdict_names_agreement_and_disagreement():
+    import portattn.__main__ as cli
+
+    w = chapter.demo_weights(chapter.DEMO_TOKENS, causal=False)
+    assert cli.verdict([("numpy", w), ("other", w + 1e-7)], []).startswith(
+        "verdict: numpy, other agree"
+    )
+    assert "DISAGREE" in cli.verdict([("numpy", w), ("other", w + 1e-3)], [])
+    hint = cli.verdict([("numpy", w)], ["jax (ModuleNotFoundError; pip install 'portattn[jax]')"])
+    assert "next: pip install 'portattn[jax]'" in hint

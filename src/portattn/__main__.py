@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from . import chapter
+from . import __version__, chapter
 from ._lib._backends import BACKENDS, load
 from ._lib._convert import to_numpy
 from ._lib._terminal import heatmap
@@ -20,18 +20,72 @@ __all__ = ["available_backends", "heatmap", "main"]
 _CANDIDATES = tuple(b.name for b in BACKENDS if not b.variant)
 
 
+# How to get each backend, for the report's "not available" line.
+INSTALL_HINTS = {
+    "numpy": "pip install numpy",
+    "torch": "pip install 'portattn[torch]'",
+    "torch_cuda": "a CUDA build of torch and an NVIDIA GPU",
+    "cupy": "pip install 'portattn[cupy]' and an NVIDIA GPU",
+    "array_api_strict": "pip install 'portattn[strict]'",
+    "jax": "pip install 'portattn[jax]'",
+}
+
+DESCRIPTION = (
+    "Recompute the chapter's results on every installed array library and check that they "
+    "agree. The chapter is the first page of portattn's teaching site (docs/chapter.md in the "
+    "source): why scores are divided by sqrt(d), why order is invisible to attention, and what "
+    "a causal mask changes."
+)
+EPILOG = (
+    "more: 'python -m portattn hf' runs a tiny random Hugging Face model with portattn as its "
+    "attention and prints its heatmaps (needs portattn[transformers]; 'hf --help'). "
+    "NO_COLOR (no-color.org) turns colour off, as --no-color does."
+)
+
+
 def available_backends(
     names: Sequence[str] = _CANDIDATES,
 ) -> tuple[list[tuple[str, ModuleType]], list[str]]:
-    """Split ``names`` into importable backends (with namespaces) and missing ones (with why)."""
+    """Split ``names`` into importable backends (with namespaces) and missing ones (with why).
+
+    Each missing one says why and how to get it.
+    """
     found, missing = [], []
     for name in names:
         try:
             found.append((name, load(name).xp))
         except Exception as exc:  # ImportError, no device, a broken CUDA install
             why = exc if isinstance(exc, RuntimeError) else type(exc).__name__
-            missing.append(f"{name} ({why})")
+            hint = INSTALL_HINTS.get(name)
+            missing.append(f"{name} ({why}; {hint})" if hint else f"{name} ({why})")
     return found, missing
+
+
+def use_color(*, no_color_flag: bool, stream: object) -> bool:
+    """Colour only on a terminal, and never with --no-color or a non-empty NO_COLOR."""
+    if no_color_flag or os.environ.get("NO_COLOR"):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty is not None and isatty())
+
+
+def verdict(weights: Sequence[tuple[str, object]], missing: Sequence[str]) -> str:
+    """The closing line: which backends agree on the demo's weights, and what to run next."""
+    names = [n for n, _ in weights]
+    arrays = [to_numpy(w) for _, w in weights]
+    worst = max((float(abs(a - arrays[0]).max()) for a in arrays[1:]), default=0.0)
+    nxt = (
+        f"next: {INSTALL_HINTS[missing[0].split()[0]]} to compare one more"
+        if missing and missing[0].split()[0] in INSTALL_HINTS
+        else "next: 'python -m portattn hf' for a Hugging Face model, or read the chapter"
+    )
+    if len(names) == 1:
+        return f"verdict: ran on {names[0]} alone, nothing to compare with; {nxt}"
+    if worst <= 1e-5:
+        return f"verdict: {', '.join(names)} agree (largest difference {worst:.1e}); {nxt}"
+    return (
+        f"verdict: the backends DISAGREE by up to {worst:.1e} ({', '.join(names)}); please report"
+    )
 
 
 def _report(name: str, xp: ModuleType, *, color: bool) -> str:
@@ -114,7 +168,10 @@ def _main(argv: Sequence[str] | None) -> int:
             print(exc, file=sys.stderr)
             return 2
         return hf_main(args_in[1:])
-    parser = argparse.ArgumentParser(prog="python -m portattn", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m portattn", description=DESCRIPTION, epilog=EPILOG
+    )
+    parser.add_argument("--version", action="version", version=f"portattn {__version__}")
     parser.add_argument(
         "--backend",
         action="append",
@@ -127,8 +184,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.backend and missing:
         print(f"requested backend(s) not available: {', '.join(missing)}", file=sys.stderr)
         return 2
-    color = not args.no_color and sys.stdout.isatty()
+    color = use_color(no_color_flag=args.no_color, stream=sys.stdout)
     print("portattn: the single-head chapter, recomputed")
+    print("(the chapter: the first page of portattn's teaching site, docs/chapter.md)")
     print(
         f"backends: {', '.join(n for n, _ in found)}"
         + (f"; not available: {', '.join(missing)}" if missing else "")
@@ -136,6 +194,9 @@ def _main(argv: Sequence[str] | None) -> int:
     for name, xp in found:
         print()
         print(_report(name, xp, color=color))
+    demo = [(n, chapter.demo_weights(chapter.DEMO_TOKENS, causal=False, xp=xp)) for n, xp in found]
+    print()
+    print(verdict(demo, missing) if demo else "verdict: no backend could run")
     return 0
 
 

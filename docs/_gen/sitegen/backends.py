@@ -209,11 +209,11 @@ def agreement_markdown(*, lang: str = "en") -> str:
 def support_markdown(*, lang: str = "en") -> str:
     """The home page's support matrix: what portattn supports, and what this build found."""
     nox_session = {
-        "NumPy": "`tests-numpy`",
-        "PyTorch": "`tests-torch`",
-        "array-api-strict": "`tests-strict`",
+        "NumPy": "`tests-backend(numpy)`",
+        "PyTorch": "`tests-backend(torch)`",
+        "array-api-strict": "`tests-backend(strict)`",
         "CuPy": "`tests-cupy`",
-        "JAX": "`tests-all`",
+        "JAX": "`tests-backend(jax)`",
     }
     head = {
         "en": "| library | device | dtypes | tested by | in the build of this site |",

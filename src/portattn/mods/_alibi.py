@@ -83,16 +83,16 @@ def alibi(slopes: Array, /) -> ScoreMod:
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import numpy as np
     >>> from portattn import mods
-    >>> mod = mods.alibi(mods.alibi_slopes(2, xp=xp))
-    >>> q = xp.reshape(xp.arange(3), (1, 1, 3, 1))
-    >>> kv = xp.reshape(xp.arange(3), (1, 1, 1, 3))
-    >>> h = xp.reshape(xp.arange(2), (1, 2, 1, 1))
-    >>> mod(xp.zeros((1, 2, 3, 3)), None, h, q, kv)[0, 0, ...]
-    Array([[ 0.    , -0.0625, -0.125 ],
+    >>> mod = mods.alibi(mods.alibi_slopes(2))
+    >>> q = np.arange(3).reshape(1, 1, 3, 1)
+    >>> kv = np.arange(3).reshape(1, 1, 1, 3)
+    >>> h = np.arange(2).reshape(1, 2, 1, 1)
+    >>> mod(np.zeros((1, 2, 3, 3)), None, h, q, kv)[0, 0]
+    array([[ 0.    , -0.0625, -0.125 ],
            [-0.0625,  0.    , -0.0625],
-           [-0.125 , -0.0625,  0.    ]], dtype=array_api_strict.float64)
+           [-0.125 , -0.0625,  0.    ]])
     """
     per_head, xp = captured("slopes", slopes, kind="real floating", ranks=(1,))
 
