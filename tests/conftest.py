@@ -188,11 +188,22 @@ def backend(backend_name: str) -> Iterator[Backend]:
     if not backend_name.startswith("jax"):
         yield got
         return
+    # Per test, as JAX's config is global: "jax" with x64, "jax32" without.
+    with jax_x64(backend_name == "jax"):
+        yield got
+
+
+def jax_x64(on: bool) -> Any:
+    """JAX's context manager for 64-bit mode: ``jax.enable_x64`` where it exists (JAX 0.7+),
+    ``jax.experimental.enable_x64``/``disable_x64`` before (JAX 0.6.2 is the last on Python 3.10).
+    """
     import jax
 
-    # Per test, as JAX's config is global: "jax" with x64, "jax32" without.
-    with jax.enable_x64(backend_name == "jax"):
-        yield got
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(on)
+    from jax import experimental
+
+    return experimental.enable_x64() if on else experimental.disable_x64()
 
 
 @pytest.fixture

@@ -769,7 +769,9 @@ def test_jax_native_grads_finite_when_a_bias_row_is_all_minus_inf(rng, jnp, x64)
     """
     import jax
 
-    with jax.enable_x64(x64):
+    from conftest import jax_x64
+
+    with jax_x64(x64):
         q, k, v = (jnp.asarray(rng.standard_normal((2, 5, 4)), dtype=jnp.float32) for _ in range(3))
         bias = jnp.asarray(rng.standard_normal((5, 5)), dtype=jnp.float32).at[2].set(-jnp.inf)
 

@@ -16,7 +16,7 @@ import portattn as pa
 from portattn._lib._compat import is_concrete
 from portattn.testing import to_numpy
 
-from conftest import Backend, assert_close_on
+from conftest import Backend, assert_close_on, jax_x64
 
 H, HKV, D = 4, 2, 8
 LQ = [5, 0, 23, 1, 12]  # an empty sequence and a decode-sized one among them
@@ -328,7 +328,7 @@ def test_jax_grads_match_the_dense_formula_under_jit(rng):
         out = jnp.einsum("hqk,khd->qhd", w, vv)
         return jnp.sum(out * jnp.sin(out))
 
-    with jax.enable_x64(True):
+    with jax_x64(True):
         args = tuple(jnp.asarray(x) for x in (q, k, v, sinks))
         got = jax.jit(jax.grad(ours, argnums=(0, 1, 2, 3)))(*args)
         want = jax.grad(dense, argnums=(0, 1, 2, 3))(*args)
