@@ -31,12 +31,13 @@ from .._lib._compat import namespace_library
 from .._lib._precision import compute_dtype
 from .._lib._typing import Array, Device, DType, Namespace
 from ._flex import flex_mods
+from ._groups import kv_groups, repeat_kv
 from ._masks import Structure, length_mask, normalize_causal, normalize_window
 from ._mods import index_dtype
 from ._problem import Problem
 from ._variant import Variant
 
-__all__ = ["expand_kv_heads", "prepare"]
+__all__ = ["prepare"]
 
 
 def _align(x: Array, ndim: int, *, xp: Namespace) -> Array:
@@ -119,13 +120,23 @@ def _check_sizes(query: Array, key: Array, value: Array | None) -> None:
 
 
 def _batch(
-    arrays: list[tuple[str, Array]], options: list[tuple[str, Array]], lq: int, lk: int
+    arrays: list[tuple[str, Array]],
+    options: list[tuple[str, Array]],
+    lq: int,
+    lk: int,
+    groups: int,
 ) -> tuple[int, ...]:
-    """The batch shape every array broadcasts to; options may add axes the inputs lack."""
+    """The batch shape every array broadcasts to; options may add axes the inputs lack.
+
+    With ``groups > 1`` key and value count as having the query's heads.
+    """
     batch = tuple(arrays[0][1].shape[:-2])
-    for _, x in arrays[1:]:
-        if tuple(x.shape[:-2]) != batch:
-            batch = broadcast_shapes([(name, tuple(x.shape[:-2])) for name, x in arrays])
+    shapes = [(name, tuple(x.shape[:-2])) for name, x in arrays]
+    if groups > 1:
+        shapes[1:] = [(name, (*shape[:-1], shape[-1] * groups)) for name, shape in shapes[1:]]
+    for _, shape in shapes[1:]:
+        if shape != batch:
+            batch = broadcast_shapes(shapes)
             break
     for name, x in options:
         if Variant.ARRAYS[name].layout == "batch":
@@ -178,7 +189,14 @@ def _laid_out(
 
 
 def _validate(
-    query: Array, key: Array, value: Array | None, asked: Variant, scale: object, *, xp: Namespace
+    query: Array,
+    key: Array,
+    value: Array | None,
+    asked: Variant,
+    scale: object,
+    groups: int,
+    *,
+    xp: Namespace,
 ) -> _Plan:
     """Every check of :func:`prepare` on the arrays, and what they decide."""
     # A small call is dominated by this bookkeeping, so nothing is looked at twice.
@@ -192,7 +210,7 @@ def _validate(
     # Sizes as the library gives them: int() would force a sync or a
     # specialisation on libraries whose sizes are symbolic.
     lq, lk, d = query.shape[-2], key.shape[-2], query.shape[-1]
-    batch = _batch(arrays, options, lq, lk)
+    batch = _batch(arrays, options, lq, lk, groups)
     structure = _structure(lq, lk, asked.causal, asked.window)
     if scale is not None:
         scale_value = check_finite_scale(scale)
@@ -234,7 +252,8 @@ def prepare(
     if window is not None:
         window = normalize_window(window)
     cap = None if softcap is None else _check_softcap(softcap)
-    key, value = expand_kv_heads(query, key, value, xp=xp)
+    # Grouped-query attention: k and v keep their Hkv heads (_core/_groups).
+    groups = kv_groups(query, key, value)
     plan = None
     memo: tuple[object, ...] | None = None
     if (
@@ -266,48 +285,20 @@ def prepare(
             softcap=cap,
             sinks=sinks,
         )
-        plan = _validate(query, key, value, asked, scale, xp=xp)
+        plan = _validate(query, key, value, asked, scale, groups, xp=xp)
         if memo is not None:
             if len(_PLANS) >= _STRUCTURES_MAX:
                 _PLANS.clear()
             _PLANS[memo] = plan
-    p = _problem(query, key, value, plan, xp=xp)
+    p = _problem(query, key, value, plan, groups, xp=xp)
     if score_mod is None and block_mask is None:
         return p
     mods = flex_mods(score_mod, block_mask, batch=p.batch, lq=p.lq, lk=p.lk)
     return dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods))
 
 
-def expand_kv_heads(
-    query: Array, key: Array, value: Array | None, *, xp: Namespace
-) -> tuple[Array, Array | None]:
-    """Grouped-query attention: ``Hkv`` key/value heads shared by ``H = G * Hkv`` query heads.
-
-    On (..., H, L, d) inputs whose key has ``Hkv`` heads, ``1 < Hkv < H``
-    dividing ``H``, query head ``h`` reads key/value head ``h // G`` (as
-    SDPA's ``enable_gqa``); the heads are repeated here, so every path sees
-    plain multi-head attention and gradients sum back over each group.
-    """
-    nq, nk = getattr(query, "ndim", 0), getattr(key, "ndim", 0)  # not yet validated
-    if nq < 3 or nk < 3 or nq != nk:
-        return key, value
-    h, hkv = query.shape[-3], key.shape[-3]
-    if h == hkv or hkv == 1 or hkv == 0 or h % hkv != 0:
-        return key, value
-    if value is not None and getattr(value, "ndim", 0) == nk and value.shape[-3] != hkv:
-        return key, value  # not a GQA layout: validation names the mismatch
-    g = h // hkv
-
-    def repeat(x: Array) -> Array:
-        lead, n, tail = tuple(x.shape[:-3]), x.shape[-3], tuple(x.shape[-2:])
-        grown = xp.broadcast_to(x[..., None, :, :], (*lead, n, g, *tail))  # (..., Hkv, G, L, d)
-        return xp.reshape(grown, (*lead, n * g, *tail))
-
-    return repeat(key), None if value is None else repeat(value)
-
-
 def _problem(
-    query: Array, key: Array, value: Array | None, plan: _Plan, *, xp: Namespace
+    query: Array, key: Array, value: Array | None, plan: _Plan, groups: int, *, xp: Namespace
 ) -> Problem:
     """The arrays in compute precision (``q`` scaled, padding zeroed), with ``plan``'s facts."""
     batch, structure, out_dtype, work, dev, scale_value, variant = plan
@@ -319,12 +310,18 @@ def _problem(
         # What lies beyond a length is padding, often garbage: zero it, so that
         # inf or NaN there never meets a zero weight (0 * NaN = NaN) on any path.
         lk = structure.lk
+        if groups > 1 and variant.key_lengths.shape[-1] != 1:
+            # Lengths per query head zero different keys for the heads of one
+            # group: only then are the keys and values repeated per head.
+            k = repeat_kv(k, groups, xp=xp)
+            v = None if v is None else repeat_kv(v, groups, xp=xp)
+            groups = 1
         keep = length_mask(variant.key_lengths, lk, 0, lk, xp=xp, device=dev)[..., :, None]
         k = xp.where(keep, k, 0.0)  # (..., Lk, d)
         if v is not None:
             v = xp.where(keep, v, 0.0)
     # Positional, in field order: keywords cost a small call half a microsecond.
-    return Problem(q, k, v, variant, structure, batch, out_dtype, dev, scale_value)
+    return Problem(q, k, v, variant, structure, batch, out_dtype, dev, scale_value, groups)
 
 
 def _lengths(x: Array, n: int, *, xp: Namespace, device: Device) -> Array:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from .._lib._compat import matrix_transpose
 from .._lib._typing import Array, Device, DType, Namespace
 from ._flex import FULL, Mods
+from ._groups import grouped_matmul, repeat_kv
 from ._masks import Structure, length_mask
 from ._variant import Variant
 
@@ -27,14 +28,18 @@ class Problem:
     """A validated attention call (never modified after ``prepare``); ``q`` is already scaled."""
 
     q: Array  # (..., Lq, d), compute dtype
-    k: Array  # (..., Lk, d)
-    v: Array  # (..., Lk, dv)
+    k: Array  # (..., Lk, d); with groups > 1, (..., Hkv, Lk, d) against q's (..., H, Lq, d)
+    v: Array  # (..., Lk, dv), like k
     variant: Variant  # every option but the scale, laid out on the batch shape
     structure: Structure  # the positions causal/window allow, resolved for (Lq, Lk)
     batch: tuple[int, ...]
     out_dtype: DType
     device: Device
     scale: float
+    # Query heads per key/value head (grouped-query attention, _core/_groups):
+    # every product of a query-side array with k or v goes through
+    # grouped_matmul. The batch shape, and every option, has the query's H.
+    groups: int = 1
 
     @property
     def lq(self) -> int:
@@ -129,7 +134,7 @@ class Problem:
         """The static part, to keep beside the arrays a library's autodiff saves."""
         return self.with_arrays((None,) * (3 + len(Variant.ARRAYS)))
 
-    def part(self, b0: int, b1: int, h0: int, h1: int, mods: Mods) -> Problem:
+    def part(self, b0: int, b1: int, h0: int, h1: int, mods: Mods, *, xp: Namespace) -> Problem:
         """Batch entries ``[b0, b1)`` and heads ``[h0, h1)`` of a 4-D problem, reading ``mods``.
 
         Every array keeps the axes it broadcasts along (size 1) and is cut
@@ -138,7 +143,9 @@ class Problem:
         """
         spans = ((b0, b1), (h0, h1))
 
-        def cut(x: Array | None, tail: int) -> Array | None:
+        def cut(
+            x: Array | None, tail: int, spans: tuple[tuple[int, int], ...] = spans
+        ) -> Array | None:
             if x is None:
                 return None
             lead = x.ndim - tail  # batch axes present, aligned to the right of (B, H)
@@ -148,6 +155,12 @@ class Problem:
             key = (*index, ...)  # a name: a starred subscript needs Python 3.11
             return x[key]
 
+        k, v, groups = self.k, self.v, self.groups
+        if groups > 1 and (h0 % groups or h1 % groups):
+            # The range splits a group: its query heads get their keys apart.
+            k, v = (repeat_kv(x, groups, xp=xp) for x in (k, v))
+            groups = 1
+        kv_spans = ((b0, b1), (h0 // groups, h1 // groups))
         va = self.variant
         options = [
             (name, cut(x, 2 if spec.layout == "scores" else 0))
@@ -158,10 +171,11 @@ class Problem:
         return dataclasses.replace(
             self,
             q=cut(self.q, 2),
-            k=cut(self.k, 2),
-            v=cut(self.v, 2),
+            k=cut(k, 2, kv_spans),
+            v=cut(v, 2, kv_spans),
             variant=variant,
             batch=(b1 - b0, h1 - h0),
+            groups=groups,
         )
 
     def bias_tile(self, q0: int, q1: int, k0: int, k1: int) -> Array | None:
@@ -177,7 +191,7 @@ class Problem:
         ``k[..., k0:k1, :]ᵀ``; both are passed in so that callers slice once
         per block rather than once per tile. Hidden pairs are not masked here.
         """
-        s = q_block @ k_t  # (..., q1-q0, k1-k0), already scaled through q
+        s = grouped_matmul(q_block, k_t, self.groups, xp=xp)  # (..., q1-q0, k1-k0), scaled
         cap = self.variant.softcap
         if cap is not None:
             s = xp.tanh(s / cap) * cap  # Gemma 2's logit soft-capping
@@ -197,7 +211,8 @@ def empty_result(p: Problem, *, xp: Namespace) -> tuple[Array, Array]:
     gets a zero gradient: an empty sum is an exact 0 whatever the arrays hold.
     """
     s = empty_scores(p, xp=xp)  # (..., Lq, Lk), no element
-    out = expand(s @ p.v, (*p.batch, p.lq, p.dv), xp=xp)  # zeros: sums over Lk == 0 terms
+    sv = grouped_matmul(s, p.v, p.groups, xp=xp)
+    out = expand(sv, (*p.batch, p.lq, p.dv), xp=xp)  # zeros: sums over Lk == 0 terms
     sinks = p.variant.sinks
     if sinks is not None:  # the sink is the only logit a row has: lse = sink
         lse = expand(xp.sum(s, axis=-1) + sinks[..., None], (*p.batch, p.lq), xp=xp)

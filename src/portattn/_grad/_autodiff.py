@@ -44,7 +44,7 @@ def blockwise_attention(
         row_start = None
         for b0, b1, h0, h1, mods in parts:
             out, lse = blockwise_attention(
-                p.part(b0, b1, h0, h1, mods), block_size=block_size, xp=xp
+                p.part(b0, b1, h0, h1, mods, xp=xp), block_size=block_size, xp=xp
             )
             if b0 != row_start:  # a new range of batch entries
                 rows.append(([], []))

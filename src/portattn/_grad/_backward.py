@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._core._flex import EMPTY
+from .._core._groups import grouped_matmul, grouped_matmul_t
 from .._core._problem import Problem, Variant
 from .._core._softmax import exp_floor, floored_exp, row_shift, safe_exp
 from .._lib._compat import is_concrete
@@ -225,7 +226,8 @@ class _Sweep:
         """``dK`` and ``dV`` of one tile; its ``dQ`` and ``dBias`` go into the running sums."""
         p, xp = self.p, self.xp
         qb = p.q[..., q0:q1, :]  # (..., bq, d)
-        s = qb @ k_t  # (..., bq, bk)
+        g = p.groups  # query heads per key/value head: dK, dV sum over each group
+        s = grouped_matmul(qb, k_t, g, xp=xp)  # (..., bq, bk)
         capped = None
         if p.variant.softcap is not None:
             capped = xp.tanh(s / p.variant.softcap)
@@ -246,8 +248,9 @@ class _Sweep:
             prob = floored_exp(z, self.floor, xp=xp, overwrite=True)
         d_out_blk = self.d_out[..., q0:q1, :]  # (..., bq, dv)
         v_shape = (*p.v.shape[:-2], k1 - k0, p.dv)
-        dv_part = sum_to(xp.matrix_transpose(prob) @ d_out_blk, v_shape, xp=xp)
-        ds = prob * (d_out_blk @ v_t - self.delta[..., q0:q1, :])  # dS = P ∘ (dP - D)
+        dv_part = sum_to(grouped_matmul_t(prob, d_out_blk, g, xp=xp), v_shape, xp=xp)
+        d_prob = grouped_matmul(d_out_blk, v_t, g, xp=xp)  # dP (..., bq, bk)
+        ds = prob * (d_prob - self.delta[..., q0:q1, :])  # dS = P ∘ (dP - D)
         if pullback is not None:  # back through the score_mod, to the score it was given
             ds, parts = pullback(ds)
             self._add_captures(parts)
@@ -256,11 +259,12 @@ class _Sweep:
         if capped is not None:
             ds = ds * (1.0 - capped * capped)  # d tanh(x) = 1 - tanh(x)²
         q_shape, k_shape = tuple(p.q.shape), tuple(p.k.shape)
-        dq_part = sum_to(ds @ k_blk, (*q_shape[:-2], q1 - q0, q_shape[-1]), xp=xp)
+        dq_tile = grouped_matmul(ds, k_blk, g, xp=xp)
+        dq_part = sum_to(dq_tile, (*q_shape[:-2], q1 - q0, q_shape[-1]), xp=xp)
         prev = self.dq_blocks[qi]
         self.dq_blocks[qi] = dq_part if prev is None else prev + dq_part
         k_tile = (*k_shape[:-2], k1 - k0, k_shape[-1])
-        return sum_to(xp.matrix_transpose(ds) @ qb, k_tile, xp=xp), dv_part
+        return sum_to(grouped_matmul_t(ds, qb, g, xp=xp), k_tile, xp=xp), dv_part
 
     def _add_bias(self, ds: Array, qi: int, kj: int, rows: int, cols: int) -> None:
         """Add ``dS`` summed to the bias's tile shape (it may broadcast) to tile ``(qi, kj)``."""

@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from .._core._flex import EMPTY, Mods, add_sink
+from .._core._groups import grouped_matmul
 from .._core._problem import Problem, empty_result, expand
 from .._core._softmax import exp_floor, floored_exp, lse_from, no_keys, nonzero, row_shift, safe_exp
 from .._lib._checks import check_int_pair
@@ -307,7 +308,7 @@ def _query_block(
         # exp may only see values it can take without an underflow flag
         # (see _softmax.exp_floor); floor is None when a bound proves it.
         e = xp.exp(s) if floor is None else floored_exp(s, floor, xp=xp, overwrite=scratch)
-        ev = e @ v[..., k0:k1, :]  # (..., bq, dv[+1])
+        ev = grouped_matmul(e, v[..., k0:k1, :], p.groups, xp=xp)  # (..., bq, dv[+1])
         if m is None:
             acc = ev
             if not ones_column:

@@ -120,6 +120,7 @@ class _Tile:
     variant: Variant  # the call's variant without its arrays
     options: tuple[str, ...]  # the variant's arrays that the task's option chunks are, in order
     with_sinks: bool = True  # one pair per query chunk adds the sink, so the merge counts it once
+    groups: int = 1  # query heads per key/value head: the chunks keep the call's grouping
 
 
 def _pair(q: Array, k: Array, v: Array, options: list[Array], tile: _Tile, final: bool) -> Any:
@@ -138,6 +139,7 @@ def _pair(q: Array, k: Array, v: Array, options: list[Array], tile: _Tile, final
         out_dtype=q.dtype,
         device=device_of(q),
         scale=1.0,  # prepare already scaled q
+        groups=tile.groups,
     )
     out, lse = _kernel(p, impl=tile.impl, block_size=tile.block_size, xp=xp)
     return out if final else (out, lse)
@@ -228,10 +230,14 @@ def _grid(p: Problem) -> _Grid:
         src = next((x for x in everyone if x.shape[a] == size and size != 1), None)
         batch_chunks.append((size,) if src is None else tuple(src.chunks[a]))
     q_chunks, k_chunks = tuple(q.chunks[-2]), tuple(k.chunks[-2])
+    kv_chunks = list(batch_chunks)
+    if p.groups > 1:  # a chunk of heads holds whole groups, and its keys' heads
+        batch_chunks[-1] = _whole_groups(batch_chunks[-1], p.groups)
+        kv_chunks[-1] = tuple(c // p.groups for c in batch_chunks[-1])
 
-    def fit(x: Any, tail: tuple[tuple[int, ...], ...]) -> Any:
+    def fit(x: Any, tail: tuple[tuple[int, ...], ...], chunks: list[Any] = batch_chunks) -> Any:
         """Rechunk ``x`` to the output's batch chunks (1 where it broadcasts) and ``tail``."""
-        head = tuple(batch_chunks[a] if x.shape[a] != 1 else (1,) for a in range(nb))
+        head = tuple(chunks[a] if x.shape[a] != 1 else (1,) for a in range(nb))
         return x.rechunk(head + tail)
 
     def seq_axis(x: Any, axis: int, chunks: tuple[int, ...]) -> tuple[int, ...]:
@@ -243,13 +249,24 @@ def _grid(p: Problem) -> _Grid:
         options[name] = fit(x, seq)
     return _Grid(
         fit(q, (q_chunks, (q.shape[-1],))),
-        fit(k, (k_chunks, (k.shape[-1],))),
-        fit(v, (k_chunks, (v.shape[-1],))),
+        fit(k, (k_chunks, (k.shape[-1],)), kv_chunks),
+        fit(v, (k_chunks, (v.shape[-1],)), kv_chunks),
         options,
         tuple(batch_chunks),
         q_chunks,
         k_chunks,
     )
+
+
+def _whole_groups(chunks: tuple[int, ...], groups: int) -> tuple[int, ...]:
+    """``chunks`` of the query's heads merged until each ends on a group's edge."""
+    out, run = [], 0
+    for c in chunks:
+        run += c
+        if run % groups == 0:
+            out.append(run)
+            run = 0
+    return tuple(out)
 
 
 def _reduce(
@@ -338,6 +355,7 @@ def _tasks(
                     static if p.mods is None else _shifted(static, origin, q0, k0),
                     tuple(g.options),
                     j == by_query[i][0],
+                    p.groups,
                 )
                 # A query chunk that sees one key chunk needs no merge: its
                 # pair task is the output chunk (one task per chunk).

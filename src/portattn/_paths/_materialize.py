@@ -7,6 +7,7 @@ sequences, where blocking machinery costs more than the memory it saves.
 from __future__ import annotations
 
 from .._core._flex import add_sink
+from .._core._groups import grouped_matmul
 from .._core._problem import Problem, empty_result, empty_scores, expand
 from .._core._softmax import lse_from, masked_exp, masked_softmax, nonzero
 from .._lib._compat import matrix_transpose
@@ -48,11 +49,13 @@ def materialize_attention(
         scores, allowed, xp=xp, may_hide=may_hide, no_empty_rows=full_rows
     )
     if p.sinks is not None:
-        acc, total, row_max = add_sink(e @ p.v, total, row_max, p.sinks, xp=xp)
+        ev = grouped_matmul(e, p.v, p.groups, xp=xp)
+        acc, total, row_max = add_sink(ev, total, row_max, p.sinks, xp=xp)
         out = acc / nonzero(total, xp=xp)  # 0 only where the sink is -inf and no key is seen
     else:
         hides = (may_hide or allowed is not None) and not full_rows
-        out = (e @ p.v) / (nonzero(total, xp=xp) if hides else total)  # (..., Lq, dv)
+        ev = grouped_matmul(e, p.v, p.groups, xp=xp)  # (..., Lq, dv)
+        out = ev / (nonzero(total, xp=xp) if hides else total)
     out = expand(out, (*p.batch, s.lq, p.v.shape[-1]), xp=xp)
     if not want_lse:
         return out, None

@@ -224,21 +224,27 @@ def _torch(
     import torch
     import torch.nn.functional as F
 
-    def full(x: Array, length: int) -> Array:  # (..., L, d) -> (B, H, L, d): every batch axis
-        return _four_d(xp.broadcast_to(x, (*p.batch, length, x.shape[-1])), p.batch, xp=xp)
+    def full(x: Array, length: int, heads: int) -> Array:  # (..., L, d) -> (B, H, L, d)
+        batch = (*p.batch[:-1], heads) if p.batch else p.batch
+        return _four_d(xp.broadcast_to(x, (*batch, length, x.shape[-1])), batch, xp=xp)
 
     allowed4 = None if allowed is None else _four_d(allowed, p.batch, xp=xp)
     bias4 = None if bias is None else _four_d(bias, p.batch, xp=xp)
     mask = allowed4
     if bias4 is not None:
         mask = bias4 if mask is None else torch.where(mask, bias4, -math.inf)
+    h = p.batch[-1] if p.batch else 1
+    # Grouped-query attention: SDPA reads each key/value head for its group
+    # itself (enable_gqa, torch >= 2.5, the oldest portattn supports).
+    gqa = {"enable_gqa": True} if p.groups > 1 else {}
     out = F.scaled_dot_product_attention(
-        full(p.q, p.lq),
-        full(p.k, p.lk),
-        full(p.v, p.lk),
+        full(p.q, p.lq, h),
+        full(p.k, p.lk, h // p.groups),
+        full(p.v, p.lk, h // p.groups),
         attn_mask=mask,
         is_causal=is_causal,
         scale=1.0,
+        **gqa,
     )
     # Rows that see nothing are 0 by portattn's contract; kernels differ here
     # (torch's math kernel gives NaN).
@@ -257,12 +263,20 @@ def _jax(
     flat = math.prod(p.batch)
     lq, lk = p.lq, p.lk
 
-    def heads_last(x: Array, length: int) -> Array:  # (..., L, d) -> (B, L, 1, d): BTNH
-        x = xp.broadcast_to(x, (*p.batch, length, x.shape[-1]))
-        return xp.reshape(x, (flat, length, 1, x.shape[-1]))
+    # BTNH. Without groups every batch axis folds into B and N is 1 (free
+    # reshapes); with groups N is the heads, Hkv for the keys and values,
+    # which jax.nn shares over each group itself.
+    g = p.groups
+    heads = p.batch[-1] if g > 1 else 1
+    rows = flat // heads
 
-    def scores_like(x: Array | None) -> Array | None:  # (..., Lq, Lk) -> (B, 1, Lq, Lk)
-        return None if x is None else xp.reshape(xp.broadcast_to(x, shape), (flat, 1, lq, lk))
+    def heads_last(x: Array, length: int, n: int) -> Array:  # (..., L, d) -> (B, L, N, d)
+        batch = (*p.batch[:-1], n) if g > 1 else p.batch
+        x = xp.reshape(xp.broadcast_to(x, (*batch, length, x.shape[-1])), (rows, n, length, -1))
+        return xp.permute_dims(x, (0, 2, 1, 3))
+
+    def scores_like(x: Array | None) -> Array | None:  # (..., Lq, Lk) -> (B, N, Lq, Lk)
+        return None if x is None else xp.reshape(xp.broadcast_to(x, shape), (rows, heads, lq, lk))
 
     seen = _visible_rows(allowed, bias, xp=xp)
     if seen is not None and bias is not None:
@@ -271,15 +285,15 @@ def _jax(
         # such rows get bias 0 before the kernel, and 0 output after it.
         bias = xp.where(seen, bias, 0.0)
     out = jax.nn.dot_product_attention(
-        heads_last(p.q, lq),
-        heads_last(p.k, lk),
-        heads_last(p.v, lk),
+        heads_last(p.q, lq, heads),
+        heads_last(p.k, lk, heads // g),
+        heads_last(p.v, lk, heads // g),
         bias=scores_like(bias),
         mask=scores_like(allowed),
         scale=1.0,
         is_causal=is_causal,
     )
-    out = xp.reshape(out, (*p.batch, lq, p.dv))
+    out = xp.reshape(xp.permute_dims(out, (0, 2, 1, 3)), (*p.batch, lq, p.dv))
     # Rows that see nothing are 0 by portattn's contract (JAX spreads their
     # weight uniformly).
     return out if seen is None else xp.where(seen, out, 0.0)

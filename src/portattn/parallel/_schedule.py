@@ -19,8 +19,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .._core._flex import EMPTY, Mods
+from .._core._groups import kv_groups
 from .._core._masks import Structure
-from .._core._prepare import expand_kv_heads
 from .._core._problem import Problem
 from .._lib._typing import Array, Namespace
 from .._paths._blockwise import problem_block_sizes
@@ -101,13 +101,13 @@ def pair_problem(
 
     ``q`` is already scaled and ``k``, ``v`` in the compute dtype; ``k`` and
     ``v`` may have fewer heads than ``q`` (GQA): they travel the ring with
-    their own heads and are grouped here, per pair, as ``attention`` does.
+    their own heads, and the pair's problem reads them as ``attention`` does
+    (:mod:`portattn._core._groups`): never repeated.
     Sinks are folded in once per row after the merge, not per pair.
     """
-    k, grown = expand_kv_heads(q, k, v, xp=xp)
-    assert grown is not None
     variant = dataclasses.replace(base.variant, sinks=None, mods=pair.mods)
-    return Problem(q, k, grown, variant, pair.structure, base.batch, q.dtype, base.device, 1.0)
+    groups = kv_groups(q, k, v)
+    return Problem(q, k, v, variant, pair.structure, base.batch, q.dtype, base.device, 1.0, groups)
 
 
 def tiles_of(p: Problem, block_size: tuple[int, int] | None, *, xp: Namespace) -> int:
