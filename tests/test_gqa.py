@@ -15,6 +15,7 @@ import pytest
 from array_api_compat import array_namespace
 
 import portattn as pa
+from portattn.testing import to_numpy
 from portattn._core._prepare import prepare
 
 from conftest import Backend, assert_close_on, impls_for
@@ -68,7 +69,7 @@ NATIVE_REFUSES = ("softcap", "sinks per head", "score_mod", "return_lse")
 def _numpy(x: Any) -> Any:
     if isinstance(x, (bool, int, float, str, tuple)) or x is None or callable(x):
         return x if not isinstance(x, pa.BlockMask) else None
-    return np.asarray(x)
+    return to_numpy(x)
 
 
 def _repeated(x: np.ndarray) -> np.ndarray:
