@@ -45,6 +45,16 @@ leave_out_unless "dask, distributed, psutil" tests/test_dask_cluster.py
 leave_out_unless "dask, jax, ndonnx" tests/test_transforms.py
 leave_out_unless "transformers" tests/test_hf_attention.py tests/test_hf_models.py
 leave_out_unless "threadpoolctl" tests/test_threads.py
+if ! python3 -c "import dask" 2>/dev/null; then
+  echo "leaving out test_dask_schedule_reads_the_graph_without_computing_it: no dask here"
+  select+=(--deselect tests/test_testing.py::test_dask_schedule_reads_the_graph_without_computing_it)
+fi
+# Workers share the one GPU (pytest-benchmark refuses to run beside xdist).
+if python3 -c "import xdist" 2>/dev/null; then
+  select+=(-n 8 -p no:benchmark)
+fi
+# JAX is an oracle here, not a backend: keep it on the CPU, off the GPU's memory.
+export JAX_PLATFORMS=cpu XLA_PYTHON_CLIENT_PREALLOCATE=false
 # end of the selection
 
 set +e

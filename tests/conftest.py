@@ -294,4 +294,5 @@ def make_qkv(
 def impls_for(backend: Backend) -> tuple[str, ...]:
     """The generic impls, and "native" where the library has a kernel of its own (torch, JAX)."""
     generic = ("materialize", "blockwise")
-    return (*generic, "native") if backend.name in ("torch", "jax", "jax32") else generic
+    kernels = ("torch", "torch_cuda", "jax", "jax32")
+    return (*generic, "native") if backend.name in kernels else generic

@@ -40,7 +40,7 @@ BACKENDS: tuple[BackendSpec, ...] = (
     BackendSpec("numpy_readonly", "NumPy", "CPU", "numpy", _HALF, variant=True),
     BackendSpec("torch", "PyTorch", "CPU", "torch", _HALF_BF),
     BackendSpec("torch_cuda", "PyTorch", "CUDA", "torch", _HALF_BF, gpu=True),
-    BackendSpec("cupy", "CuPy", "CUDA", "cupy-cuda12x", _HALF, gpu=True),
+    BackendSpec("cupy", "CuPy", "CUDA", "cupy-cuda13x", _HALF, gpu=True),
     BackendSpec("array_api_strict", "array-api-strict", "CPU", "array-api-strict", _HALF[1:]),
     BackendSpec("jax", "JAX", "CPU", "jax", _HALF_BF),
     # JAX's own default: without x64, int64 and float64 silently become 32-bit.
@@ -94,7 +94,9 @@ def load(name: str) -> Loaded:
         if name == "torch_cuda" and not torch.cuda.is_available():
             msg = "no CUDA device available"
             raise RuntimeError(msg)
-        dev = torch.device("cuda" if name == "torch_cuda" else "cpu")
+        # An indexed device: arrays made on "cuda" report "cuda:0", and the
+        # two compare unequal.
+        dev = torch.device("cuda", torch.cuda.current_device()) if s.gpu else torch.device("cpu")
         xp = array_api_compat.array_namespace(torch.empty(0))
         return Loaded(
             s,
