@@ -312,3 +312,19 @@ def test_auto_picks_blockwise_above_threshold(backend: Backend, rng, monkeypatch
     big = [backend.asarray(a, xp.float32) for a in make_qkv(rng, 6, 7, d=5, dv=6, batch=(2, 3))]
     pa.attention(*big, softcap=30.0)
     assert calls
+
+
+def test_default_tiles_grow_on_an_accelerator():
+    """CPU-sized tiles leave a GPU launch-bound (20x slower on an H200): larger tiles there."""
+    from types import SimpleNamespace
+
+    from array_api_compat import array_namespace
+
+    from portattn._paths._blockwise import block_sizes
+
+    xp = array_namespace(np.empty(0))
+    cpu = block_sizes(None, xp=xp, batch=(1, 8), device="cpu")
+    gpu = block_sizes(None, xp=xp, batch=(1, 8), device=SimpleNamespace(type="cuda"))
+    assert gpu[0] * gpu[1] >= 16 * cpu[0] * cpu[1]
+    assert gpu == (1024, 4096)
+    assert block_sizes((3, 5), xp=xp, device=SimpleNamespace(type="cuda")) == (3, 5)

@@ -148,6 +148,18 @@ def device_of(x: Any) -> Any:
     return dev
 
 
+def on_accelerator(device: Any) -> bool:
+    """Whether ``device`` (as :func:`device_of` returns it) is a GPU or other non-CPU device.
+
+    torch names a kind (``device.type``), JAX a platform; CuPy's devices are
+    all GPUs; NumPy, array-api-strict and dask say ``cpu`` in their names.
+    """
+    if device is None:
+        return False
+    kind = getattr(device, "type", None) or getattr(device, "platform", None) or device
+    return "cpu" not in str(kind).lower()
+
+
 def is_concrete(x: Any) -> bool:
     """True when the values of ``x`` may be read on the host now, cheaply and outside any trace.
 
