@@ -152,7 +152,7 @@ def test_gqa_mqa_match_torch_sdpa_enable_gqa(backend: Backend, rng, num_kv_heads
 
 
 def test_gqa_never_repeats_keys_or_values(backend: Backend, rng, monkeypatch):
-    """The core gets the Hkv key/value heads and groups the query heads onto them, never H copies."""
+    """The core gets the Hkv key/value heads and groups the query heads on them, never H copies."""
     seen = []
     real = _multihead.solve
 

@@ -1,9 +1,7 @@
 """Multi-head attention (MHA, GQA, MQA), cross-attention and KV caching: the class and its helpers.
 
-The heads run as one problem of :func:`portattn.attention`, whose core groups
-them (:mod:`portattn._core._groups`): queries keep their H heads, keys and
-values their Hkv, never repeated. The torch module conversion is in
-:mod:`._torch_convert`, since torch is optional.
+The heads run as one problem, whose core groups the H query heads onto the Hkv
+key/value heads (:mod:`portattn._core._groups`); torch conversion: :mod:`._torch_convert`.
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ from ._torch_convert import from_torch, from_torch_weights, to_torch
 __all__ = ["MultiHeadAttention"]
 
 _WEIGHTS = ("wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo")  # the constructor's order
-_INPUTS = ("x", "context", "mask", "key_lengths", "positions")  # a call's arrays
+_INPUTS = ("x", "context", "mask", "key_lengths", "positions")  # a call's arrays, in order
 
 
 class MultiHeadAttention:
@@ -108,19 +106,11 @@ class MultiHeadAttention:
         rope_base: float = 10000.0,
     ) -> None:
         w = dict(zip(_WEIGHTS, (wq, wk, wv, wo, bq, bk, bv, bo), strict=True))
-        for name, a in w.items():
-            if a is not None or name[0] == "w":
-                check_array(name, a)
-        xp = array_namespace(*w.values())
+        for name in _WEIGHTS[:4]:
+            check_array(name, w[name])
+        xp = array_namespace(*w.values(), names=_WEIGHTS)
         self.num_heads, self.num_kv_heads = h, hkv = _heads(num_heads, num_kv_heads)
-        self.d_head, self.d_model, self.d_context = _sizes(w, h, hkv, xp=xp)
-        if rope is not None and (rope not in ("half", "interleaved") or self.d_head % 2):
-            msg = (
-                "expected rope to be None, 'half' or 'interleaved' with an even d_head, "
-                f"got rope={rope!r} with d_head={self.d_head}"
-            )
-            raise ValueError(msg)
-        check_same_device(list(w.items()))
+        self.d_head, self.d_model, self.d_context = _sizes(w, h, hkv, rope=rope, xp=xp)
         self.rope_base = check_real("rope_base", rope_base, above=1.0)  # as apply_rope's base
         self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
         self.bq, self.bk, self.bv, self.bo = bq, bk, bv, bo
@@ -135,8 +125,6 @@ class MultiHeadAttention:
             f"num_kv_heads={self.num_kv_heads}, d_head={self.d_head}, bias={has_bias}, "
             f"rope={self.rope!r}, dtype={dtype_name(self.wq.dtype)})"
         )
-
-    # ------------------------------------------------------------------- builders
 
     @classmethod
     def random(
@@ -173,17 +161,11 @@ class MultiHeadAttention:
         d_head : int, optional
             Head width. Default ``d_model // num_heads``, which requires
             ``num_heads`` to divide ``d_model``.
-        bias : bool, optional
-            Also draw the four biases.
-        seed : int, optional
-            Non-negative seed.
+        bias, seed : optional
+            Whether to draw the four biases too; the non-negative seed.
         xp, dtype, device : optional
             Array library (``None``: NumPy), real floating dtype (default
-            float32) and device in ``xp``'s terms.
-
-        Returns
-        -------
-        MultiHeadAttention
+            float32), and device in ``xp``'s terms.
 
         Examples
         --------
@@ -204,14 +186,13 @@ class MultiHeadAttention:
         shapes: list[tuple[int, ...]] = [(d, inner), (d, kv), (d, kv), (inner, d)]
         if check_flag("bias", bias):
             shapes += [(inner,), (kv,), (kv,), (d,)]
-        sizes = [math.prod(s) for s in shapes]
-        flat = standard_normal((sum(sizes),), seed=seed)
-        w, start = [], 0
-        for name, shape, size in zip(_WEIGHTS, shapes, sizes, strict=False):
-            std = (inner if name[1] == "o" else d) ** -0.5  # 1/sqrt(fan_in)
-            a = np.reshape(flat[start : start + size], shape) * std
+        ends = np.cumsum([math.prod(s) for s in shapes])
+        flat = standard_normal((int(ends[-1]),), seed=seed)
+        w = []
+        for name, shape, end in zip(_WEIGHTS, shapes, ends, strict=False):
+            a = flat[end - math.prod(shape) : end].reshape(shape)
+            a = a * (inner if name[1] == "o" else d) ** -0.5  # 1/sqrt(fan_in)
             w.append(from_numpy_float64(a, xp=ns, dtype=dtype, device=device))
-            start += size
         return cls._of(w, num_heads=h, num_kv_heads=hkv, rope=rope)
 
     @classmethod
@@ -227,24 +208,14 @@ class MultiHeadAttention:
     ) -> MultiHeadAttention:
         """Build from ``torch.nn.MultiheadAttention``'s packed weights, in any array library.
 
-        torch computes ``x @ W.T + b``; the (3 * d_model, d_model) blocks of
-        ``in_proj_weight`` (query, key, value) become ``wq``, ``wk``, ``wv``
-        and ``out_proj.weight`` becomes ``wo``, transposed. Works on the
-        tensors themselves or on NumPy copies of a ``state_dict`` (torch need
-        not be installed). The arrays are views or transposes of the inputs.
-
-        Parameters
-        ----------
-        in_proj_weight, out_proj_weight : array
-            Shapes (3 * d_model, d_model) and (d_model, d_model).
-        num_heads : int
-            Number of heads (and of KV heads); must divide ``d_model``.
-        in_proj_bias, out_proj_bias : array, optional
-            Shapes (3 * d_model,) and (d_model,); ``None`` for ``bias=False``.
-
-        Returns
-        -------
-        MultiHeadAttention
+        torch computes ``x @ W.T + b``. The query, key and value blocks of
+        ``in_proj_weight`` (3 * d_model, d_model) become ``wq``, ``wk``,
+        ``wv``, and ``out_proj.weight`` (d_model, d_model) becomes ``wo``,
+        transposed: views of the inputs, in their library. Works on the
+        tensors or on NumPy copies of a ``state_dict`` (no torch needed).
+        ``in_proj_bias`` (3 * d_model,) and ``out_proj_bias`` (d_model,) are
+        ``None`` for a module built with ``bias=False``; ``num_heads`` must
+        divide ``d_model``, and ``num_kv_heads`` is ``num_heads``.
 
         Examples
         --------
@@ -269,19 +240,11 @@ class MultiHeadAttention:
     ) -> MultiHeadAttention:
         """Copy the weights of a ``torch.nn.MultiheadAttention`` into ``xp`` arrays.
 
-        Parameters
-        ----------
-        module : torch.nn.MultiheadAttention
-            Without ``add_bias_kv`` or ``add_zero_attn`` (they have no
-            counterpart here), with ``kdim == vdim`` (one context feeds keys
-            and values); the layer is called ``batch_first``, (..., L, d_model).
-        xp, dtype, device : optional
-            Target library (``None``: NumPy), dtype (default: the module's
-            float32 or float64) and device.
-
-        Returns
-        -------
-        MultiHeadAttention
+        ``xp`` defaults to NumPy and ``dtype`` to the module's precision
+        (float32 stays float32, float64 stays float64). A module with
+        ``add_bias_kv``, ``add_zero_attn`` (no counterpart here) or
+        ``kdim != vdim`` (one context feeds keys and values) is refused.
+        Call the layer in ``batch_first`` layout, (..., L, d_model).
         """
         arrays = from_torch(module, xp=xp, dtype=dtype, device=device)
         return cls._of(arrays, num_heads=module.num_heads)
@@ -296,10 +259,6 @@ class MultiHeadAttention:
 
         Requires ``num_kv_heads == num_heads`` (torch's module has no GQA) and
         no RoPE. Missing biases become zeros when only some are present.
-
-        Returns
-        -------
-        torch.nn.MultiheadAttention
         """
         heads = {"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads}
         return to_torch(*(getattr(self, name) for name in _WEIGHTS), **heads, rope=self.rope)
@@ -315,17 +274,9 @@ class MultiHeadAttention:
         >>> pa.MultiHeadAttention.random(8, 4, num_kv_heads=1).new_cache(capacity=16)
         KVCache(num_kv_heads=1, d_head=2, batch_shape=(), length=0, capacity=16, dtype=float32)
         """
-        xp, w, sizes = array_namespace(self.wk), self.wk, (self.num_kv_heads, self.d_head)
-        return KVCache(
-            *sizes,
-            batch_shape=batch_shape,
-            capacity=capacity,
-            xp=xp,
-            dtype=w.dtype,
-            device=device_of(w),
-        )
-
-    # ----------------------------------------------------------------------- calls
+        sizes, like = (self.num_kv_heads, self.d_head), {"dtype": self.wk.dtype}
+        like |= {"xp": array_namespace(self.wk), "device": device_of(self.wk)}
+        return KVCache(*sizes, batch_shape=batch_shape, capacity=capacity, **like)
 
     def __call__(
         self,
@@ -376,15 +327,16 @@ class MultiHeadAttention:
         -------
         array, shape (..., Lq, d_model)
         """
-        arrays = (x, context, mask, key_lengths, positions)
-        xp = self._namespace(arrays, cache)
-        # The cache's lock is held from staging the new tokens to committing
-        # them, and they are committed only once everything else succeeded.
+        if cache is not None and not isinstance(cache, KVCache):
+            msg = f"expected cache to be a KVCache or None, got {shown(cache)}"
+            raise TypeError(msg)
+        # The cache's lock is held from staging the new tokens to committing them.
         with nullcontext() if cache is None else cache.lock:
-            p, staged = self._problem(arrays, causal, window, cache, values=True, xp=xp)
+            arrays = (x, context, mask, key_lengths, positions)
+            p, staged, xp = self._problem(arrays, causal, window, cache, values=True)
             out = solve(p, xp=xp)  # (..., H, Lq, dh)
             if staged is not None:
-                staged.commit()
+                staged.commit()  # only once everything else succeeded
         assert not isinstance(out, tuple)
         nb = out.ndim - 3
         out = xp.permute_dims(out, (*range(nb), nb + 1, nb, nb + 2))  # (..., Lq, H, dh)
@@ -414,19 +366,8 @@ class MultiHeadAttention:
         (4, 5, 5)
         """
         arrays = (x, context, mask, key_lengths, positions)
-        xp = self._namespace(arrays, None)
-        p, _ = self._problem(arrays, causal, window, None, values=False, xp=xp)
+        p, _, xp = self._problem(arrays, causal, window, None, values=False)
         return solve_weights(p, xp=xp)  # (..., H, Lq, Lk)
-
-    def _namespace(self, arrays: tuple[Array | None, ...], cache: object) -> Namespace:
-        """The call's one namespace lookup, after naming any argument that is not an array."""
-        for name, a in zip(_INPUTS, arrays, strict=True):
-            if a is not None or name == "x":
-                check_array(name, a)
-        if cache is not None and not isinstance(cache, KVCache):
-            msg = f"expected cache to be a KVCache or None, got {shown(cache)}"
-            raise TypeError(msg)
-        return array_namespace(*arrays, self.wq)
 
     def _problem(
         self,
@@ -436,16 +377,14 @@ class MultiHeadAttention:
         cache: KVCache | None,
         *,
         values: bool,
-        xp: Namespace,
-    ) -> tuple[Problem, Staged | None]:
-        """One problem for all heads, and the new tokens staged in ``cache``.
+    ) -> tuple[Problem, Staged | None, Namespace]:
+        """One problem for all heads (no v for the weights), the tokens staged, the namespace.
 
-        Every argument whose meaning does not depend on the projections is
-        checked first. ``values=False`` leaves v out, for the weights alone.
-        New tokens are only staged, for the caller to commit once the whole
-        call succeeded.
+        What does not depend on the projections is checked before they are computed.
         """
         x, context, mask, key_lengths, positions = arrays
+        check_array("x", x)
+        xp = array_namespace(*arrays, self.wq, names=_INPUTS)  # the call's one lookup
         src = self._source(x, context, positions, cache, xp=xp)
         lk = int(src.shape[-2]) + (0 if cache is None else cache.length)
         mask, key_lengths = self._layout(x, mask, key_lengths, lk, xp=xp)
@@ -461,54 +400,41 @@ class MultiHeadAttention:
         if cache is not None:  # k, v (..., Hkv, Lk, dh), Lk = all tokens so far
             k, v, causal, staged = cache_step(cache, k, v, causal=causal, xp=xp)
         # One rank for q, k and v (a context may have fewer batch axes than x,
-        # or more), so that the core reads the heads as groups (_core/_groups).
+        # or more), so that the core reads the heads as groups.
         nd = max(q.ndim, k.ndim)
         q, k, v = (xp.reshape(t, (1,) * (nd - t.ndim) + tuple(t.shape)) for t in (q, k, v))
         v = v if values else None
         p = prepare(
             q, k, v, mask=mask, causal=causal, window=window, key_lengths=key_lengths, xp=xp
         )
-        return p, staged
+        return p, staged, xp
 
     def _source(
-        self,
-        x: Array,
-        context: Array | None,
-        positions: Array | None,
-        cache: object,
-        *,
-        xp: Namespace,
+        self, x: Array, context: Array | None, positions: Array | None, cache: object, *, xp: Any
     ) -> Array:
         """Check ``x``, ``context`` and ``positions`` against the layer; return the keys' source."""
-        check_floating("x", x, xp=xp)
-        if x.ndim < 2 or int(x.shape[-1]) != self.d_model:
-            msg = f"expected x of shape (..., Lq, d_model={self.d_model}), got shape {_shape(x)}"
-            raise ValueError(msg)
+        for name, a, axes in (("x", x, "Lq, d_model"), ("context", context, "Lk, d_context")):
+            width = self.d_model if name == "x" else self.d_context
+            if a is not None:
+                check_floating(name, a, xp=xp)
+            if a is not None and (a.ndim < 2 or int(a.shape[-1]) != width):
+                msg = f"expected {name} of shape (..., {axes}={width}), got shape {_shape(a)}"
+                raise ValueError(msg)
         if context is None and self.d_context != self.d_model:
             msg = (
                 f"expected a context (keys and values have width d_context={self.d_context} "
                 f"!= d_model={self.d_model}), got context=None"
             )
             raise ValueError(msg)
-        if context is not None:
-            check_floating("context", context, xp=xp)
-            if context.ndim < 2 or int(context.shape[-1]) != self.d_context:
-                msg = (
-                    f"expected context of shape (..., Lk, d_context={self.d_context}), "
-                    f"got shape {_shape(context)}"
-                )
-                raise ValueError(msg)
-            if cache is not None:
-                msg = (
-                    "expected cache=None with a context: the KV cache serves causal self-attention"
-                )
-                raise ValueError(msg)
-            if self.rope is not None:
-                msg = (
-                    "expected context=None with rope: RoPE rotates by positions within one "
-                    "sequence, and a cross-attention context has no shared positions"
-                )
-                raise ValueError(msg)
+        if context is not None and cache is not None:
+            msg = "expected cache=None with a context: the KV cache serves causal self-attention"
+            raise ValueError(msg)
+        if context is not None and self.rope is not None:
+            msg = (
+                "expected context=None with rope: RoPE rotates by positions within one "
+                "sequence, and a cross-attention context has no shared positions"
+            )
+            raise ValueError(msg)
         if positions is not None and self.rope is None:
             msg = "expected positions=None for a MultiHeadAttention built with rope=None"
             raise ValueError(msg)
@@ -525,20 +451,17 @@ class MultiHeadAttention:
     def _layout(
         self, x: Array, mask: Array | None, key_lengths: Array | None, lk: int, *, xp: Namespace
     ) -> tuple[Array | None, Array | None]:
-        """``mask`` and ``key_lengths`` checked, with a heads axis: (..., 1 or H, Lq, Lk), (..., 1).
+        """``mask``, ``key_lengths`` given heads axes, (..., 1 or H, Lq, Lk) and (..., 1).
 
-        A mask has x's layout (..., Lq, Lk) or torch's and Hugging Face's
-        (\\*batch, 1 or H, Lq, Lk); lengths are one per sequence. What would
-        silently enlarge the batch is refused, with the user's own shapes.
+        What would silently enlarge the batch is refused, with the user's own shapes.
         """
         batch, nb, lq_lk = _shape(x)[:-2], x.ndim - 2, (int(x.shape[-2]), lk)
         if mask is not None:
             shape, heads = _shape(mask), mask.ndim == nb + 3
-            fits = all(n in (1, m) for n, m in zip(shape[-2:], lq_lk, strict=False))
             if (
                 not 2 <= mask.ndim <= nb + 3
                 or (heads and shape[-3] not in (1, self.num_heads))
-                or not fits
+                or not all(n in (1, m) for n, m in zip(shape[-2:], lq_lk, strict=False))
                 or not _fits(shape[: -3 if heads else -2], batch)
             ):
                 msg = (
@@ -585,8 +508,10 @@ def _heads(num_heads: object, num_kv_heads: object) -> tuple[int, int]:
     return h, hkv
 
 
-def _sizes(w: dict[str, Array], h: int, hkv: int, *, xp: Namespace) -> tuple[int, int, int]:
-    """``(d_head, d_model, d_context)`` that the weights ``w`` imply, checked against each other."""
+def _sizes(
+    w: dict[str, Array], h: int, hkv: int, *, rope: object, xp: Namespace
+) -> tuple[int, int, int]:
+    """``(d_head, d_model, d_context)``: the weights ``w`` and ``rope`` checked together."""
     for name, a in w.items():
         if a is not None:
             check_floating(name, a, xp=xp)
@@ -600,14 +525,20 @@ def _sizes(w: dict[str, Array], h: int, hkv: int, *, xp: Namespace) -> tuple[int
             f"dividing its {inner} columns, got shape {_shape(w['wq'])}"
         )
         raise ValueError(msg)
-    dh = inner // h
-    kv = (d_context, hkv * dh)
+    dh, kv = inner // h, (d_context, hkv * inner // h)
     sizes = f"num_heads={h}, num_kv_heads={hkv}, d_head={dh}, d_model={d_model}"
-    want = [kv, kv, (inner, d_model), (inner,), (hkv * dh,), (hkv * dh,), (d_model,)]
+    want = [kv, kv, (inner, d_model), (inner,), kv[1:], kv[1:], (d_model,)]
     for (name, a), shape in zip(list(w.items())[1:], want, strict=True):
         if a is not None and _shape(a) != shape:
             msg = f"expected {name} of shape {shape} ({sizes}), got shape {_shape(a)}"
             raise ValueError(msg)
+    if rope is not None and (rope not in ("half", "interleaved") or dh % 2):
+        msg = (
+            "expected rope to be None, 'half' or 'interleaved' with an even d_head, "
+            f"got rope={rope!r} with d_head={dh}"
+        )
+        raise ValueError(msg)
+    check_same_device(list(w.items()))
     return dh, d_model, d_context
 
 
