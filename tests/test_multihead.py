@@ -152,12 +152,12 @@ def test_gqa_mqa_match_torch_sdpa_enable_gqa(backend: Backend, rng, num_kv_heads
 
 
 def test_gqa_never_repeats_keys_or_values(backend: Backend, rng, monkeypatch):
-    """The core sees one KV head per group (a broadcast axis of 1), never H copies."""
+    """The core gets the Hkv key/value heads and groups the query heads on them, never H copies."""
     seen = []
     real = _multihead.solve
 
     def spy(p, **kw):
-        seen.append((tuple(p.q.shape), tuple(p.k.shape), tuple(p.v.shape)))
+        seen.append((tuple(p.q.shape), tuple(p.k.shape), tuple(p.v.shape), p.groups))
         return real(p, **kw)
 
     monkeypatch.setattr(_multihead, "solve", spy)
@@ -165,7 +165,7 @@ def test_gqa_never_repeats_keys_or_values(backend: Backend, rng, monkeypatch):
         D, 6, num_kv_heads=2, d_head=4, xp=backend.xp, device=backend.device
     )
     mha(backend.asarray(rng.standard_normal((B, LQ, D)), backend.xp.float32))
-    assert seen == [((B, 2, 3, LQ, 4), (B, 2, 1, LQ, 4), (B, 2, 1, LQ, 4))]
+    assert seen == [((B, 6, LQ, 4), (B, 2, LQ, 4), (B, 2, LQ, 4), 3)]
 
 
 def test_query_head_reads_kv_head_by_integer_division(rng):

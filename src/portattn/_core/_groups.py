@@ -17,7 +17,16 @@ from __future__ import annotations
 
 from .._lib._typing import Array, Namespace
 
-__all__ = ["grouped_matmul", "grouped_matmul_t", "kv_groups", "repeat_kv"]
+__all__ = [
+    "group_heads",
+    "group_mask",
+    "group_per_head",
+    "grouped_matmul",
+    "grouped_matmul_t",
+    "kv_groups",
+    "repeat_kv",
+    "ungroup_heads",
+]
 
 
 def kv_groups(query: object, key: object, value: object | None) -> int:
@@ -76,3 +85,48 @@ def repeat_kv(x: Array, groups: int, *, xp: Namespace) -> Array:
     *lead, n, length, d = x.shape
     grown = xp.broadcast_to(x[..., None, :, :], (*lead, n, groups, length, d))
     return xp.reshape(grown, (*lead, n * groups, length, d))
+
+
+# The broadcast layout: a caller that groups the heads itself, before attention,
+# as the transformers adapter still does. (MultiHeadAttention passes its H query
+# heads and Hkv key/value heads to the core as they are.) Query head ``h`` sits
+# at ``[h // G, h % G]`` of (..., Hkv, G, Lq, d), and keys and values at
+# (..., Hkv, 1, Lk, d) broadcast over ``G``, never copied.
+
+
+def group_heads(
+    q: Array, k: Array, v: Array | None, *, xp: Namespace
+) -> tuple[Array, Array, Array | None]:
+    """Query heads (..., H, Lq, d) as (..., Hkv, G, Lq, d), and k, v as (..., Hkv, 1, Lk, d)."""
+    hkv = int(k.shape[-3])
+    h = int(q.shape[-3])
+    q = xp.reshape(q, (*q.shape[:-3], hkv, h // hkv, *q.shape[-2:]))  # (..., Hkv, G, Lq, d)
+    k = xp.expand_dims(k, axis=-3)  # (..., Hkv, 1, Lk, d)
+    return q, k, None if v is None else xp.expand_dims(v, axis=-3)
+
+
+def group_mask(mask: Array, *, num_kv_heads: int, heads_axis: bool, xp: Namespace) -> Array:
+    """A mask or bias (..., [1 or H,] Lq, Lk) in the layout of :func:`group_heads`.
+
+    Without a heads axis every head shares the mask, as it does with a heads
+    axis of size 1: both become (..., 1, 1, Lq, Lk). A heads axis of size H
+    holds one mask per query head and becomes (..., Hkv, G, Lq, Lk).
+    """
+    lq_lk = tuple(mask.shape[-2:])
+    if not heads_axis:
+        return xp.reshape(mask, (*mask.shape[:-2], 1, 1, *lq_lk))
+    h = int(mask.shape[-3])
+    if h == 1:
+        return xp.reshape(mask, (*mask.shape[:-3], 1, 1, *lq_lk))
+    return xp.reshape(mask, (*mask.shape[:-3], num_kv_heads, h // num_kv_heads, *lq_lk))
+
+
+def group_per_head(t: Array, *, num_kv_heads: int, xp: Namespace) -> Array:
+    """One value per query head (..., H), such as a sink logit, as (..., Hkv, G)."""
+    h = int(t.shape[-1])
+    return xp.reshape(t, (*t.shape[:-1], num_kv_heads, h // num_kv_heads))
+
+
+def ungroup_heads(t: Array, *, xp: Namespace) -> Array:
+    """The grouped (..., Hkv, G, Lq, d) of :func:`group_heads` back to (..., H, Lq, d)."""
+    return xp.reshape(t, (*t.shape[:-4], int(t.shape[-4]) * int(t.shape[-3]), *t.shape[-2:]))

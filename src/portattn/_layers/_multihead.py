@@ -1,41 +1,46 @@
-"""Multi-head attention with grouped KV heads (MHA, GQA, MQA), cross-attention and KV caching.
+"""Multi-head attention (MHA, GQA, MQA), cross-attention and KV caching: the class and its helpers.
 
-Every head is the single head of the chapter with its own slice of the
-projections; the heads run as one batched :func:`portattn.attention` call.
-Grouped-query attention never repeats keys or values: queries are reshaped to
-(..., Hkv, G, Lq, d_head) and keys to (..., Hkv, 1, Lk, d_head), and batch
-broadcasting pairs each group of ``G`` query heads with its one KV head.
-
-One call, one idea per module: :mod:`._mha_inputs` checks the arguments and
-lays masks out for the heads, :mod:`._heads` splits, groups and merges them,
-:func:`._positions.rope_heads` rotates them, :func:`._kvcache.cache_step`
-stages the new tokens, and :func:`portattn.attention`'s ``solve`` does the
-rest. The weights are checked in :mod:`._mha_weights`; the alternative
-constructors live in :mod:`._mha_build`.
+The heads run as one problem, whose core groups the H query heads onto the Hkv
+key/value heads (:mod:`portattn._core._groups`); torch conversion: :mod:`._torch_convert`.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
 
 from .._attention import solve, solve_weights
 from .._core._masks import Causal
 from .._core._prepare import prepare
 from .._core._problem import Problem
-from .._lib._checks import check_real, dtype_name
-from .._lib._compat import array_namespace, device_of
-from .._lib._typing import Array, Namespace
-from ._heads import group_heads, merge_heads, split_heads, ungroup_heads
+from .._lib._checks import (
+    check_array,
+    check_flag,
+    check_floating,
+    check_int,
+    check_real,
+    check_same_device,
+    dtype_name,
+    shown,
+)
+from .._lib._compat import array_namespace, device_of, resolve_namespace
+from .._lib._random import from_numpy_float64, standard_normal
+from .._lib._typing import Array, Device, DType, Namespace
 from ._kvcache import KVCache, Staged, cache_step
-from ._mha_build import Builders
-from ._mha_inputs import check_arrays, check_inputs, check_layouts, layout_masks
-from ._mha_weights import check_weights, weights_namespace
 from ._positions import RopeLayout, rope_heads
+from ._torch_convert import from_torch, from_torch_weights, to_torch
 
 __all__ = ["MultiHeadAttention"]
 
+_WEIGHTS = ("wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo")  # the constructor's order
+_INPUTS = ("x", "context", "mask", "key_lengths", "positions")  # a call's arrays, in order
 
-class MultiHeadAttention(Builders):
+
+class MultiHeadAttention:
     """Multi-head attention ``concat_h(attention(x Wq_h, c Wk_g(h), c Wv_g(h))) Wo``.
 
     Projections are ``x @ w (+ b)``. Query head ``h`` uses columns
@@ -100,20 +105,17 @@ class MultiHeadAttention(Builders):
         rope: RopeLayout | None = None,
         rope_base: float = 10000.0,
     ) -> None:
-        matrices = {"wq": wq, "wk": wk, "wv": wv, "wo": wo}
-        biases = {"bq": bq, "bk": bk, "bv": bv, "bo": bo}
-        xp = weights_namespace(matrices, biases)
-        sizes = check_weights(
-            matrices, biases, num_heads=num_heads, num_kv_heads=num_kv_heads, rope=rope, xp=xp
-        )
-        base = check_real("rope_base", rope_base, above=1.0)  # as apply_rope's base
+        w = dict(zip(_WEIGHTS, (wq, wk, wv, wo, bq, bk, bv, bo), strict=True))
+        for name in _WEIGHTS[:4]:
+            check_array(name, w[name])
+        xp = array_namespace(*w.values(), names=_WEIGHTS)
+        self.num_heads, self.num_kv_heads = h, hkv = _heads(num_heads, num_kv_heads)
+        self.d_head, self.d_model, self.d_context = _sizes(w, h, hkv, rope=rope, xp=xp)
+        self.rope_base = check_real("rope_base", rope_base, above=1.0)  # as apply_rope's base
         self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
         self.bq, self.bk, self.bv, self.bo = bq, bk, bv, bo
-        self.num_heads, self.num_kv_heads, self.d_head = sizes[:3]
-        self.group_size = self.num_heads // self.num_kv_heads
-        self.d_model, self.d_context = sizes.d_model, sizes.d_context
+        self.group_size = h // hkv
         self.rope: RopeLayout | None = rope
-        self.rope_base = base
 
     def __repr__(self) -> str:
         has_bias = any(b is not None for b in (self.bq, self.bk, self.bv, self.bo))
@@ -123,6 +125,143 @@ class MultiHeadAttention(Builders):
             f"num_kv_heads={self.num_kv_heads}, d_head={self.d_head}, bias={has_bias}, "
             f"rope={self.rope!r}, dtype={dtype_name(self.wq.dtype)})"
         )
+
+    @classmethod
+    def random(
+        cls,
+        d_model: int,
+        num_heads: int,
+        /,
+        *,
+        num_kv_heads: int | None = None,
+        d_head: int | None = None,
+        bias: bool = False,
+        seed: int = 0,
+        rope: RopeLayout | None = None,
+        xp: Namespace | None = None,
+        dtype: DType | None = None,
+        device: Device | None = None,
+    ) -> MultiHeadAttention:
+        """Deterministic random weights, bit-identical on every backend.
+
+        One float64 draw of i.i.d. standard normals from NumPy's PCG64 seeded
+        with ``seed`` fills, in order, ``wq``, ``wk``, ``wv``, ``wo`` and (with
+        ``bias``) ``bq``, ``bk``, ``bv``, ``bo``. Each entry is scaled by
+        ``1/sqrt(fan_in)``: ``1/sqrt(d_model)`` for the input projections and
+        their biases, ``1/sqrt(H * d_head)`` for ``wo`` and ``bo``, so
+        activations stay at unit scale. Values are rounded to ``dtype`` only
+        at the end.
+
+        Parameters
+        ----------
+        d_model, num_heads : int
+            Model width and number of query heads.
+        num_kv_heads, rope : optional
+            As in the constructor.
+        d_head : int, optional
+            Head width. Default ``d_model // num_heads``, which requires
+            ``num_heads`` to divide ``d_model``.
+        bias, seed : optional
+            Whether to draw the four biases too; the non-negative seed.
+        xp, dtype, device : optional
+            Array library (``None``: NumPy), real floating dtype (default
+            float32), and device in ``xp``'s terms.
+
+        Examples
+        --------
+        >>> import portattn as pa
+        >>> pa.MultiHeadAttention.random(6, 3).d_head
+        2
+        """
+        ns, d = resolve_namespace(xp), check_int("d_model", d_model, minimum=1)
+        h, hkv = _heads(num_heads, num_kv_heads)
+        if d_head is None and d % h:
+            msg = (
+                f"expected num_heads to divide d_model when d_head is not given, got "
+                f"d_model={d}, num_heads={h}; pass d_head= explicitly"
+            )
+            raise ValueError(msg)
+        dh = check_int("d_head", d // h if d_head is None else d_head, minimum=1)
+        inner, kv = h * dh, hkv * dh
+        shapes: list[tuple[int, ...]] = [(d, inner), (d, kv), (d, kv), (inner, d)]
+        if check_flag("bias", bias):
+            shapes += [(inner,), (kv,), (kv,), (d,)]
+        ends = np.cumsum([math.prod(s) for s in shapes])
+        flat = standard_normal((int(ends[-1]),), seed=seed)
+        w = []
+        for name, shape, end in zip(_WEIGHTS, shapes, ends, strict=False):
+            a = flat[end - math.prod(shape) : end].reshape(shape)
+            a = a * (inner if name[1] == "o" else d) ** -0.5  # 1/sqrt(fan_in)
+            w.append(from_numpy_float64(a, xp=ns, dtype=dtype, device=device))
+        return cls._of(w, num_heads=h, num_kv_heads=hkv, rope=rope)
+
+    @classmethod
+    def from_torch_weights(
+        cls,
+        in_proj_weight: Array,
+        out_proj_weight: Array,
+        /,
+        *,
+        num_heads: int,
+        in_proj_bias: Array | None = None,
+        out_proj_bias: Array | None = None,
+    ) -> MultiHeadAttention:
+        """Build from ``torch.nn.MultiheadAttention``'s packed weights, in any array library.
+
+        torch computes ``x @ W.T + b``. The query, key and value blocks of
+        ``in_proj_weight`` (3 * d_model, d_model) become ``wq``, ``wk``,
+        ``wv``, and ``out_proj.weight`` (d_model, d_model) becomes ``wo``,
+        transposed: views of the inputs, in their library. Works on the
+        tensors or on NumPy copies of a ``state_dict`` (no torch needed).
+        ``in_proj_bias`` (3 * d_model,) and ``out_proj_bias`` (d_model,) are
+        ``None`` for a module built with ``bias=False``; ``num_heads`` must
+        divide ``d_model``, and ``num_kv_heads`` is ``num_heads``.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import portattn as pa
+        >>> w_in, w_out = np.zeros((12, 4)), np.eye(4)
+        >>> pa.MultiHeadAttention.from_torch_weights(w_in, w_out, num_heads=2).d_head
+        2
+        """
+        arrays = from_torch_weights(in_proj_weight, out_proj_weight, in_proj_bias, out_proj_bias)
+        return cls._of(arrays, num_heads=num_heads)
+
+    @classmethod
+    def from_torch(
+        cls,
+        module: Any,
+        /,
+        *,
+        xp: Namespace | None = None,
+        dtype: DType | None = None,
+        device: Device | None = None,
+    ) -> MultiHeadAttention:
+        """Copy the weights of a ``torch.nn.MultiheadAttention`` into ``xp`` arrays.
+
+        ``xp`` defaults to NumPy and ``dtype`` to the module's precision
+        (float32 stays float32, float64 stays float64). A module with
+        ``add_bias_kv``, ``add_zero_attn`` (no counterpart here) or
+        ``kdim != vdim`` (one context feeds keys and values) is refused.
+        Call the layer in ``batch_first`` layout, (..., L, d_model).
+        """
+        arrays = from_torch(module, xp=xp, dtype=dtype, device=device)
+        return cls._of(arrays, num_heads=module.num_heads)
+
+    @classmethod
+    def _of(cls, arrays: Sequence[Array], **options: Any) -> MultiHeadAttention:
+        """A layer of ``arrays`` in the constructor's order, ``wq`` to ``bo`` (biases optional)."""
+        return cls(*arrays[:4], **dict(zip(_WEIGHTS[4:], arrays[4:], strict=False)), **options)
+
+    def to_torch(self) -> Any:
+        """A ``torch.nn.MultiheadAttention`` (``batch_first=True``, CPU) holding these weights.
+
+        Requires ``num_kv_heads == num_heads`` (torch's module has no GQA) and
+        no RoPE. Missing biases become zeros when only some are present.
+        """
+        heads = {"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads}
+        return to_torch(*(getattr(self, name) for name in _WEIGHTS), **heads, rope=self.rope)
 
     def new_cache(
         self, *, batch_shape: tuple[int, ...] = (), capacity: int | None = None
@@ -135,76 +274,9 @@ class MultiHeadAttention(Builders):
         >>> pa.MultiHeadAttention.random(8, 4, num_kv_heads=1).new_cache(capacity=16)
         KVCache(num_kv_heads=1, d_head=2, batch_shape=(), length=0, capacity=16, dtype=float32)
         """
-        xp = array_namespace(self.wk)
-        return KVCache(
-            self.num_kv_heads,
-            self.d_head,
-            batch_shape=batch_shape,
-            capacity=capacity,
-            xp=xp,
-            dtype=self.wk.dtype,
-            device=device_of(self.wk),
-        )
-
-    # ----------------------------------------------------------------------- calls
-
-    def _prepare(
-        self,
-        x: Array,
-        context: Array | None,
-        *,
-        mask: Array | None,
-        causal: Causal,
-        window: int | tuple[int, int] | None,
-        key_lengths: Array | None,
-        positions: Array | None,
-        cache: KVCache | None,
-        values: bool,
-        xp: Namespace,
-    ) -> tuple[Problem, Staged | None]:
-        """Project and split heads into one batched problem, and the tokens staged in ``cache``.
-
-        The problem's q is (..., Hkv, G, Lq, dh), its k and v (..., Hkv, 1,
-        Lk, dh); ``values=False`` leaves v out, for the weights alone. Every
-        argument whose meaning does not depend on the projections is checked
-        before anything is computed; new tokens are only *staged* in the
-        cache, for the caller to commit once the whole call succeeded.
-        """
-        src = check_inputs(self, x, context, positions=positions, cache=cache, xp=xp)
-        lk = int(src.shape[-2]) + (0 if cache is None else cache.length)
-        heads_axis = check_layouts(x, mask, key_lengths, num_heads=self.num_heads, num_keys=lk)
-        q = split_heads(self._project(x, self.wq, self.bq), self.num_heads, xp=xp)
-        k = split_heads(self._project(src, self.wk, self.bk), self.num_kv_heads, xp=xp)
-        v = split_heads(self._project(src, self.wv, self.bv), self.num_kv_heads, xp=xp)
-        # q (..., H, Lq, dh); k, v (..., Hkv, Lk, dh)
-        if self.rope is not None:
-            offset = 0 if cache is None else cache.length
-            q, k = rope_heads(
-                q, k, positions, offset=offset, layout=self.rope, base=self.rope_base, xp=xp
-            )
-        staged = None
-        if cache is not None:  # k, v (..., Hkv, Lk, dh), Lk = all tokens so far
-            k, v, causal, staged = cache_step(cache, k, v, causal=causal, xp=xp)
-        q, k, v_or_none = group_heads(q, k, v if values else None, xp=xp)
-        mask, key_lengths = layout_masks(
-            mask, key_lengths, heads_axis=heads_axis, num_kv_heads=self.num_kv_heads, xp=xp
-        )
-        p = prepare(
-            q,
-            k,
-            v_or_none,
-            mask=mask,
-            causal=causal,
-            window=window,
-            key_lengths=key_lengths,
-            xp=xp,
-        )
-        return p, staged
-
-    @staticmethod
-    def _project(t: Array, w: Array, b: Array | None) -> Array:
-        """``t @ w (+ b)``: one projection, token-major (..., L, heads * dh)."""
-        return t @ w if b is None else t @ w + b
+        sizes, like = (self.num_kv_heads, self.d_head), {"dtype": self.wk.dtype}
+        like |= {"xp": array_namespace(self.wk), "device": device_of(self.wk)}
+        return KVCache(*sizes, batch_shape=batch_shape, capacity=capacity, **like)
 
     def __call__(
         self,
@@ -255,30 +327,21 @@ class MultiHeadAttention(Builders):
         -------
         array, shape (..., Lq, d_model)
         """
-        check_arrays(x, context, mask, key_lengths, positions, cache)
-        xp = array_namespace(x, context, mask, key_lengths, positions, self.wq)
-        # The cache's lock is held from staging the new tokens to committing
-        # them, and they are committed only once everything else succeeded:
-        # a call that raises leaves the cache exactly as it was.
+        if cache is not None and not isinstance(cache, KVCache):
+            msg = f"expected cache to be a KVCache or None, got {shown(cache)}"
+            raise TypeError(msg)
+        # The cache's lock is held from staging the new tokens to committing them.
         with nullcontext() if cache is None else cache.lock:
-            p, staged = self._prepare(
-                x,
-                context,
-                mask=mask,
-                causal=causal,
-                window=window,
-                key_lengths=key_lengths,
-                positions=positions,
-                cache=cache,
-                values=True,
-                xp=xp,
-            )
-            out = solve(p, xp=xp)  # (..., Hkv, G, Lq, dh)
+            arrays = (x, context, mask, key_lengths, positions)
+            p, staged, xp = self._problem(arrays, causal, window, cache, values=True)
+            out = solve(p, xp=xp)  # (..., H, Lq, dh)
             if staged is not None:
-                staged.commit()
+                staged.commit()  # only once everything else succeeded
         assert not isinstance(out, tuple)
-        out = merge_heads(ungroup_heads(out, xp=xp), xp=xp)  # (..., Lq, H*dh)
-        return self._project(out, self.wo, self.bo)  # (..., Lq, d_model)
+        nb = out.ndim - 3
+        out = xp.permute_dims(out, (*range(nb), nb + 1, nb, nb + 2))  # (..., Lq, H, dh)
+        out = xp.reshape(out, (*out.shape[:-2], self.num_heads * self.d_head))  # (..., Lq, H*dh)
+        return _project(out, self.wo, self.bo)  # (..., Lq, d_model)
 
     def weights(
         self,
@@ -302,18 +365,190 @@ class MultiHeadAttention(Builders):
         >>> mha.weights(np.ones((5, 8), dtype=np.float32), causal=True).shape
         (4, 5, 5)
         """
-        check_arrays(x, context, mask, key_lengths, positions, None)
-        xp = array_namespace(x, context, mask, key_lengths, positions, self.wq)
-        p, _ = self._prepare(
-            x,
-            context,
-            mask=mask,
-            causal=causal,
-            window=window,
-            key_lengths=key_lengths,
-            positions=positions,
-            cache=None,
-            values=False,
-            xp=xp,
+        arrays = (x, context, mask, key_lengths, positions)
+        p, _, xp = self._problem(arrays, causal, window, None, values=False)
+        return solve_weights(p, xp=xp)  # (..., H, Lq, Lk)
+
+    def _problem(
+        self,
+        arrays: tuple[Array | None, ...],
+        causal: Causal,
+        window: int | tuple[int, int] | None,
+        cache: KVCache | None,
+        *,
+        values: bool,
+    ) -> tuple[Problem, Staged | None, Namespace]:
+        """One problem for all heads (no v for the weights), the tokens staged, the namespace.
+
+        What does not depend on the projections is checked before they are computed.
+        """
+        x, context, mask, key_lengths, positions = arrays
+        check_array("x", x)
+        xp = array_namespace(*arrays, self.wq, names=_INPUTS)  # the call's one lookup
+        src = self._source(x, context, positions, cache, xp=xp)
+        lk = int(src.shape[-2]) + (0 if cache is None else cache.length)
+        mask, key_lengths = self._layout(x, mask, key_lengths, lk, xp=xp)
+        q = _split(_project(x, self.wq, self.bq), self.num_heads, xp=xp)  # (..., H, Lq, dh)
+        k = _split(_project(src, self.wk, self.bk), self.num_kv_heads, xp=xp)  # (..., Hkv, Lk, dh)
+        v = _split(_project(src, self.wv, self.bv), self.num_kv_heads, xp=xp)
+        if self.rope is not None:
+            offset = 0 if cache is None else cache.length
+            q, k = rope_heads(
+                q, k, positions, offset=offset, layout=self.rope, base=self.rope_base, xp=xp
+            )
+        staged = None
+        if cache is not None:  # k, v (..., Hkv, Lk, dh), Lk = all tokens so far
+            k, v, causal, staged = cache_step(cache, k, v, causal=causal, xp=xp)
+        # One rank for q, k and v (a context may have fewer batch axes than x,
+        # or more), so that the core reads the heads as groups.
+        nd = max(q.ndim, k.ndim)
+        q, k, v = (xp.reshape(t, (1,) * (nd - t.ndim) + tuple(t.shape)) for t in (q, k, v))
+        v = v if values else None
+        p = prepare(
+            q, k, v, mask=mask, causal=causal, window=window, key_lengths=key_lengths, xp=xp
         )
-        return ungroup_heads(solve_weights(p, xp=xp), xp=xp)  # (..., H, Lq, Lk)
+        return p, staged, xp
+
+    def _source(
+        self, x: Array, context: Array | None, positions: Array | None, cache: object, *, xp: Any
+    ) -> Array:
+        """Check ``x``, ``context`` and ``positions`` against the layer; return the keys' source."""
+        for name, a, axes in (("x", x, "Lq, d_model"), ("context", context, "Lk, d_context")):
+            width = self.d_model if name == "x" else self.d_context
+            if a is not None:
+                check_floating(name, a, xp=xp)
+            if a is not None and (a.ndim < 2 or int(a.shape[-1]) != width):
+                msg = f"expected {name} of shape (..., {axes}={width}), got shape {_shape(a)}"
+                raise ValueError(msg)
+        if context is None and self.d_context != self.d_model:
+            msg = (
+                f"expected a context (keys and values have width d_context={self.d_context} "
+                f"!= d_model={self.d_model}), got context=None"
+            )
+            raise ValueError(msg)
+        if context is not None and cache is not None:
+            msg = "expected cache=None with a context: the KV cache serves causal self-attention"
+            raise ValueError(msg)
+        if context is not None and self.rope is not None:
+            msg = (
+                "expected context=None with rope: RoPE rotates by positions within one "
+                "sequence, and a cross-attention context has no shared positions"
+            )
+            raise ValueError(msg)
+        if positions is not None and self.rope is None:
+            msg = "expected positions=None for a MultiHeadAttention built with rope=None"
+            raise ValueError(msg)
+        lq = int(x.shape[-2])
+        if positions is not None and (positions.ndim < 1 or int(positions.shape[-1]) != lq):
+            msg = (
+                f"expected positions of shape (..., Lq={lq}) like x {_shape(x)}, "
+                f"got shape {_shape(positions)}"
+            )
+            raise ValueError(msg)
+        check_same_device([("weights", self.wq), ("x", x), ("context", context)])
+        return x if context is None else context
+
+    def _layout(
+        self, x: Array, mask: Array | None, key_lengths: Array | None, lk: int, *, xp: Namespace
+    ) -> tuple[Array | None, Array | None]:
+        """``mask``, ``key_lengths`` given heads axes, (..., 1 or H, Lq, Lk) and (..., 1).
+
+        What would silently enlarge the batch is refused, with the user's own shapes.
+        """
+        batch, nb, lq_lk = _shape(x)[:-2], x.ndim - 2, (int(x.shape[-2]), lk)
+        if mask is not None:
+            shape, heads = _shape(mask), mask.ndim == nb + 3
+            if (
+                not 2 <= mask.ndim <= nb + 3
+                or (heads and shape[-3] not in (1, self.num_heads))
+                or not all(n in (1, m) for n, m in zip(shape[-2:], lq_lk, strict=False))
+                or not _fits(shape[: -3 if heads else -2], batch)
+            ):
+                msg = (
+                    f"expected mask of shape (..., Lq, Lk) with (Lq, Lk) = {lq_lk} and a batch "
+                    f"broadcastable with x's {batch} (x of shape {_shape(x)}), or in the torch / "
+                    f"Hugging Face layout (*batch, 1 or num_heads={self.num_heads}, Lq, Lk); "
+                    f"got mask shape {shape}"
+                )
+                raise ValueError(msg)
+            mask = mask if heads else xp.expand_dims(mask, axis=-3)  # (..., 1 or H, Lq, Lk)
+        if key_lengths is not None:
+            shape = _shape(key_lengths)
+            if key_lengths.ndim > nb or not _fits(shape, batch):
+                msg = (
+                    f"expected key_lengths with one length per sequence, broadcastable to x's "
+                    f"batch shape {batch}, got shape {shape}"
+                )
+                if key_lengths.ndim == nb + 1 and shape[-1] == 1:
+                    msg += f"; pass key_lengths[..., 0] (shape {shape[:-1]})"
+                raise ValueError(msg)
+            key_lengths = xp.expand_dims(key_lengths, axis=-1)  # (..., 1): for every head
+        return mask, key_lengths
+
+
+def _shape(a: Array) -> tuple[int, ...]:
+    return tuple(int(n) for n in a.shape)
+
+
+def _fits(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` and ``target`` broadcast together (NumPy rules, from the right)."""
+    return all(m == n or 1 in (m, n) for m, n in zip(shape[::-1], target[::-1], strict=False))
+
+
+def _heads(num_heads: object, num_kv_heads: object) -> tuple[int, int]:
+    """``(H, Hkv)``: positive, ``Hkv`` dividing ``H``; ``num_kv_heads=None`` means ``H``."""
+    h = check_int("num_heads", num_heads, minimum=1)
+    hkv = h if num_kv_heads is None else check_int("num_kv_heads", num_kv_heads, minimum=1)
+    if h % hkv:
+        msg = (
+            f"expected num_kv_heads to divide num_heads (each KV head serves a group of "
+            f"query heads), got num_heads={h}, num_kv_heads={hkv}"
+        )
+        raise ValueError(msg)
+    return h, hkv
+
+
+def _sizes(
+    w: dict[str, Array], h: int, hkv: int, *, rope: object, xp: Namespace
+) -> tuple[int, int, int]:
+    """``(d_head, d_model, d_context)``: the weights ``w`` and ``rope`` checked together."""
+    for name, a in w.items():
+        if a is not None:
+            check_floating(name, a, xp=xp)
+        if name[0] == "w" and a.ndim != 2:
+            msg = f"expected {name} to be a 2-D matrix, got shape {_shape(a)}"
+            raise ValueError(msg)
+    (d_model, inner), d_context = _shape(w["wq"]), int(w["wk"].shape[0])
+    if inner % h:
+        msg = (
+            f"expected wq of shape (d_model, num_heads * d_head) with num_heads={h} "
+            f"dividing its {inner} columns, got shape {_shape(w['wq'])}"
+        )
+        raise ValueError(msg)
+    dh, kv = inner // h, (d_context, hkv * inner // h)
+    sizes = f"num_heads={h}, num_kv_heads={hkv}, d_head={dh}, d_model={d_model}"
+    want = [kv, kv, (inner, d_model), (inner,), kv[1:], kv[1:], (d_model,)]
+    for (name, a), shape in zip(list(w.items())[1:], want, strict=True):
+        if a is not None and _shape(a) != shape:
+            msg = f"expected {name} of shape {shape} ({sizes}), got shape {_shape(a)}"
+            raise ValueError(msg)
+    if rope is not None and (rope not in ("half", "interleaved") or dh % 2):
+        msg = (
+            "expected rope to be None, 'half' or 'interleaved' with an even d_head, "
+            f"got rope={rope!r} with d_head={dh}"
+        )
+        raise ValueError(msg)
+    check_same_device(list(w.items()))
+    return dh, d_model, d_context
+
+
+def _project(t: Array, w: Array, b: Array | None) -> Array:
+    """``t @ w (+ b)``: one projection, token-major (..., L, heads * dh)."""
+    return t @ w if b is None else t @ w + b
+
+
+def _split(t: Array, heads: int, *, xp: Namespace) -> Array:
+    """Token-major (..., L, heads * d) to head-major (..., heads, L, d)."""
+    nb = t.ndim - 2
+    t = xp.reshape(t, (*t.shape[:-1], heads, int(t.shape[-1]) // heads))  # (..., L, heads, d)
+    return xp.permute_dims(t, (*range(nb), nb + 1, nb, nb + 2))  # (..., heads, L, d)

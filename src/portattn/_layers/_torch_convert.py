@@ -1,12 +1,13 @@
 """Conversion between :class:`~portattn.MultiHeadAttention` and ``torch.nn.MultiheadAttention``.
 
-Kept apart from the class so that the attention itself reads on one screen;
-the class's ``from_torch_weights``, ``from_torch`` and ``to_torch`` delegate here.
+Kept apart from the class, since torch is optional: the class's
+``from_torch_weights``, ``from_torch`` and ``to_torch`` delegate here, and
+this module reads and returns arrays only, never the class.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -16,48 +17,17 @@ from .._lib._convert import to_numpy
 from .._lib._random import from_numpy_float64
 from .._lib._typing import Array, Device, DType, Namespace
 
-__all__ = ["Layers", "from_torch", "from_torch_weights", "to_torch"]
+__all__ = ["from_torch", "from_torch_weights", "to_torch"]
 
-# What the conversions read or make: MultiHeadAttention's constructor
-# arguments (from torch) and attributes (to torch). Described structurally so
-# that this module needs no import of the class.
-# (wq, wk, wv, wo) and the keyword options: MultiHeadAttention(*arrays, **options).
-Weights = tuple[tuple[Array, Array, Array, Array], dict[str, Any]]
-
-
-class Layers(Protocol):
-    """The attributes of a :class:`~portattn.MultiHeadAttention` that ``to_torch`` reads."""
-
-    wq: Array
-    wk: Array
-    wv: Array
-    wo: Array
-    bq: Array | None
-    bk: Array | None
-    bv: Array | None
-    bo: Array | None
-    num_heads: int
-    num_kv_heads: int
-    d_head: int
-    d_model: int
-    d_context: int
-
-    @property
-    def rope(self) -> str | None: ...
-
-
-def _shape(a: Array) -> tuple[int, ...]:
-    return tuple(int(n) for n in a.shape)
+# MultiHeadAttention's constructor arrays, in its order: wq, wk, wv, wo, bq, bk, bv, bo.
+Weights = tuple[Array | None, ...]
 
 
 def from_torch_weights(
     in_proj_weight: Array,
     out_proj_weight: Array,
-    /,
-    *,
-    num_heads: int,
-    in_proj_bias: Array | None = None,
-    out_proj_bias: Array | None = None,
+    in_proj_bias: Array | None,
+    out_proj_bias: Array | None,
 ) -> Weights:
     """The constructor arguments of :meth:`MultiHeadAttention.from_torch_weights`."""
     named = {"in_proj_weight": in_proj_weight, "out_proj_weight": out_proj_weight}
@@ -68,27 +38,23 @@ def from_torch_weights(
     xp = array_namespace(in_proj_weight, out_proj_weight, in_proj_bias, out_proj_bias)
     w = in_proj_weight
     if w.ndim != 2 or int(w.shape[0]) != 3 * int(w.shape[1]):
-        msg = f"expected in_proj_weight of shape (3 * d_model, d_model), got shape {_shape(w)}"
+        msg = f"expected in_proj_weight of shape (3 * d_model, d_model), got shape {tuple(w.shape)}"
         raise ValueError(msg)
     d = int(w.shape[1])
     wq, wk, wv = (xp.matrix_transpose(w[i * d : (i + 1) * d, :]) for i in range(3))
     bq = bk = bv = None
     if in_proj_bias is not None:
-        if _shape(in_proj_bias) != (3 * d,):
-            msg = f"expected in_proj_bias of shape ({3 * d},), got shape {_shape(in_proj_bias)}"
+        if tuple(in_proj_bias.shape) != (3 * d,):
+            got = tuple(in_proj_bias.shape)
+            msg = f"expected in_proj_bias of shape ({3 * d},), got shape {got}"
             raise ValueError(msg)
         bq, bk, bv = (in_proj_bias[i * d : (i + 1) * d] for i in range(3))
     if out_proj_weight.ndim != 2:
-        msg = f"expected out_proj_weight of shape ({d}, {d}), got shape {_shape(out_proj_weight)}"
+        got = tuple(out_proj_weight.shape)
+        msg = f"expected out_proj_weight of shape ({d}, {d}), got shape {got}"
         raise ValueError(msg)
     wo = xp.matrix_transpose(out_proj_weight)
-    return (wq, wk, wv, wo), {
-        "num_heads": num_heads,
-        "bq": bq,
-        "bk": bk,
-        "bv": bv,
-        "bo": out_proj_bias,
-    }
+    return wq, wk, wv, wo, bq, bk, bv, out_proj_bias
 
 
 def from_torch(
@@ -147,40 +113,35 @@ def from_torch(
     if module.in_proj_bias is not None:
         b = module.in_proj_bias
         bq, bk, bv = (conv(b[i * e : (i + 1) * e]) for i in range(3))
-    return (wq, wk, wv, conv(module.out_proj.weight.T)), {
-        "num_heads": module.num_heads,
-        "bq": bq,
-        "bk": bk,
-        "bv": bv,
-        "bo": conv(module.out_proj.bias),
-    }
+    return wq, wk, wv, conv(module.out_proj.weight.T), bq, bk, bv, conv(module.out_proj.bias)
 
 
-def to_torch(self: Layers) -> Any:
-    """:meth:`MultiHeadAttention.to_torch`."""
+def to_torch(*weights: Array, num_heads: int, num_kv_heads: int, rope: str | None) -> Any:
+    """:meth:`MultiHeadAttention.to_torch` from the layer's arrays (``wq`` to ``bo``) and heads."""
     import torch
 
-    if self.num_kv_heads != self.num_heads or self.rope is not None:
+    if num_kv_heads != num_heads or rope is not None:
         msg = (
             "expected num_kv_heads == num_heads and rope=None (torch.nn.MultiheadAttention "
-            f"has neither GQA nor RoPE), got num_kv_heads={self.num_kv_heads}, "
-            f"num_heads={self.num_heads}, rope={self.rope!r}"
+            f"has neither GQA nor RoPE), got num_kv_heads={num_kv_heads}, "
+            f"num_heads={num_heads}, rope={rope!r}"
         )
         raise ValueError(msg)
-    inner = self.num_heads * self.d_head
-    if inner != self.d_model:
+    wq, wk, wv, wo, bq, bk, bv, bo = weights
+    (d_model, inner), d_context = (int(n) for n in wq.shape), int(wk.shape[0])
+    if inner != d_model:
         msg = (
             "expected num_heads * d_head == d_model (torch.nn.MultiheadAttention's layout), "
-            f"got {self.num_heads} * {self.d_head} != {self.d_model}"
+            f"got {num_heads} * {inner // num_heads} != {d_model}"
         )
         raise ValueError(msg)
-    has_bias = any(b is not None for b in (self.bq, self.bk, self.bv, self.bo))
-    w = {k: to_numpy(getattr(self, k)) for k in ("wq", "wk", "wv", "wo")}
+    has_bias = any(b is not None for b in (bq, bk, bv, bo))
+    w = {"wq": to_numpy(wq), "wk": to_numpy(wk), "wv": to_numpy(wv), "wo": to_numpy(wo)}
     dtype = torch.float64 if w["wq"].dtype == np.float64 else torch.float32
-    kdim = None if self.d_context == self.d_model else self.d_context
+    kdim = None if d_context == d_model else d_context
     module = torch.nn.MultiheadAttention(
-        self.d_model,
-        self.num_heads,
+        d_model,
+        num_heads,
         bias=has_bias,
         batch_first=True,
         kdim=kdim,
@@ -203,7 +164,7 @@ def to_torch(self: Layers) -> Any:
             module.v_proj_weight.copy_(t(w["wv"].T))
         module.out_proj.weight.copy_(t(w["wo"].T))
         if has_bias:
-            parts = [b(self.bq, inner), b(self.bk, inner), b(self.bv, inner)]
+            parts = [b(bq, inner), b(bk, inner), b(bv, inner)]
             module.in_proj_bias.copy_(t(np.concatenate(parts)))
-            module.out_proj.bias.copy_(t(b(self.bo, self.d_model)))
+            module.out_proj.bias.copy_(t(b(bo, d_model)))
     return module

@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover - other transformers versions
     _COLLECTOR = None
 
 from .._attention import IMPLS, Impl, attention, attention_weights
-from .._layers._heads import group_heads, group_mask, group_per_head, ungroup_heads
+from .._core._groups import group_heads, group_mask, group_per_head, ungroup_heads
 from .._lib._compat import array_namespace
 from .._lib._typing import Namespace
 from ._tiny import ARCHITECTURES, NON_CAUSAL_ARCHITECTURES, tiny_batch, tiny_model
