@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from .._lib._checks import dtype_name, has_kind
 from .._lib._typing import Array, Device, DType, Namespace
+from .._lib._vocabulary import check_mod_arity
 
 __all__ = [
     "MaskMod",
@@ -232,6 +233,7 @@ def _check_mods(name: str, mods: tuple[object, ...]) -> None:
                 f"at position {i}"
             )
             raise TypeError(msg)
+        check_mod_arity("mask_mod", mod)
 
 
 def and_masks(*mask_mods: MaskMod) -> MaskMod:
