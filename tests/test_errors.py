@@ -7,6 +7,7 @@ after it check, on every backend, the exact message each kind of bad input gets.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from pathlib import Path
@@ -485,3 +486,163 @@ def test_masked_arrays_are_refused_wherever_arrays_enter(entry):
     """Every array operation would ignore the mask: each entry refuses it, naming the argument."""
     with pytest.raises(TypeError, match=r"expected \w.* to be a plain array, got a numpy\.ma"):
         _masked_calls()[entry]()
+
+
+# --- the user's vocabulary: torch's names, pointed to portattn's ---------------------
+
+
+SDPA_CASES = [
+    ("attn_mask", np.ones((4, 5), dtype=bool), r"expected mask= \(a boolean array.* or bias="),
+    ("is_causal", True, r"expected causal=: SDPA's is_causal=True is causal='top_left'"),
+    ("dropout_p", 0.1, r"expected no dropout.*pa\.attention_weights\(q, k, \.\.\.\).*\(1 - p\)"),
+    ("enable_gqa", True, r"expected nothing: grouped-query attention is implicit"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "pattern"), SDPA_CASES, ids=[c[0] for c in SDPA_CASES])
+@pytest.mark.parametrize("entry", ["attention", "attention_weights"])
+def test_sdpa_keywords_point_to_portattn_equivalents(qkv, entry, name, value, pattern):
+    q, k, v = qkv
+    call = pa.attention if entry == "attention" else pa.attention_weights
+    arrays = (q, k, v) if entry == "attention" else (q, k)
+    with pytest.raises(TypeError, match=rf"^{entry}\(\) got torch SDPA's {name}=; {pattern}"):
+        call(*arrays, **{name: value})
+
+
+def test_other_unknown_keywords_keep_pythons_error_and_the_typed_signature(qkv):
+    """Only SDPA's four names are caught: a typo gets Python's error; the signature is intact."""
+    import inspect
+
+    q, k, v = qkv
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'maks'"):
+        pa.attention(q, k, v, maks=None)
+    for fn in (pa.attention, pa.attention_weights):
+        params = inspect.signature(fn).parameters
+        assert params["mask"].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params["query"].kind is inspect.Parameter.POSITIONAL_ONLY
+        assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    # SDPA's names that portattn shares are not refused
+    assert pa.attention(q, k, v, scale=0.5).shape == (2, 4, 6)
+
+
+def test_torch_block_mask_points_to_create_block_mask():
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    x = torch.ones((1, 2, 8, 4), dtype=torch.float64)
+    theirs = create_block_mask(causal, None, None, 8, 8, device="cpu")
+    with pytest.raises(TypeError, match=r"got torch's BlockMask .*pa\.create_block_mask\(mask_mod"):
+        pa.attention(x, x, x, block_mask=theirs)
+    # and the pointer holds: the same mask_mod builds portattn's, which does what torch's does
+    ours = pa.create_block_mask(causal, None, None, 8, 8, block_size=4, xp=torch)
+    rng = np.random.default_rng(0)
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, 2, 8, 4))) for _ in range(3))
+    assert_close(
+        pa.attention(q, k, v, block_mask=ours),
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+        rtol=1e-12,
+    )
+
+
+def test_gqa_head_mismatch_names_the_head_multiples(backend: Backend, rng):
+    q, _, _ = make_qkv(rng, 4, d=3, batch=(2, 8), backend=backend)
+    _, k, v = make_qkv(rng, 4, 5, d=3, batch=(2, 3), backend=backend)
+    with pytest.raises(
+        ValueError,
+        match=r"the query's 8 heads must be a multiple of the key's 3, "
+        r"got query shape \(2, 8, 4, 3\) and key shape \(2, 3, 5, 3\)$",
+    ):
+        pa.attention(q, k, v)
+    with pytest.raises(ValueError, match=r"the query's 8 heads must be a multiple of the key's 3"):
+        pa.attention_weights(q, k)
+    # one query head still broadcasts over the key's three; two over four is refused alike
+    assert pa.attention(q[:, :1, ...], k, v).shape == (2, 3, 4, 3)
+    k4, v4 = (backend.xp.concat([a, a[:, :1, ...]], axis=1) for a in (k, v))  # (2, 4, 5, 3)
+    with pytest.raises(ValueError, match=r"the query's 2 heads must be a multiple of the key's 4"):
+        pa.attention(q[:, :2, ...], k4, v4)
+
+
+class _WrongCall:
+    def __call__(self, score, b, h):
+        return score
+
+
+def _kwonly_mod(score, b, h, q_idx, *, kv_idx):
+    return score
+
+
+SCORE_MODS_REFUSED = {
+    "lambda of 4": (lambda score, b, h, q_idx: score, r"<lambda>\(score, b, h, q_idx\)"),
+    "keyword-only kv_idx": (_kwonly_mod, r"_kwonly_mod\(score, b, h, q_idx, \*, kv_idx\)"),
+    "callable object": (_WrongCall(), r"_WrongCall\(score, b, h\)"),
+    "partial binding too many": (
+        functools.partial(lambda bias, score, b, h, q_idx, kv_idx: score, 1.0, 2.0),
+        r"functools\.partial\(<lambda>, \.\.\.\)\(b, h, q_idx, kv_idx\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SCORE_MODS_REFUSED))
+def test_score_mod_of_the_wrong_arity_is_refused_at_the_call(case):
+    mod, shown = SCORE_MODS_REFUSED[case]
+    x = np.ones((1, 2, 8, 4))
+    five = r"5 positional arguments \(score, b, h, q_idx, kv_idx\)"
+    want = rf"^expected score_mod to take {five}, got {shown}$"
+    with pytest.raises(TypeError, match=want):
+        pa.attention(x, x, x, score_mod=mod)
+
+
+def test_mask_mod_of_the_wrong_arity_is_refused_where_it_enters():
+    three = lambda b, h, q_idx: q_idx >= 0  # noqa: E731
+    four = r"4 positional arguments \(b, h, q_idx, kv_idx\)"
+    want = rf"^expected mask_mod to take {four}, got <lambda>\(b, h, q_idx\)$"
+    with pytest.raises(TypeError, match=want):
+        pa.create_block_mask(three, None, None, 8, 8)
+    with pytest.raises(TypeError, match=want):
+        pa.and_masks(pa.mods.causal, three)
+    with pytest.raises(TypeError, match=want):
+        pa.or_masks(three)
+
+
+def test_mods_of_the_right_arity_pass_in_every_spelling():
+    """Defaults, *args, partials and callable objects that take the five arguments all run."""
+
+    class Shift:
+        def __call__(self, score, b, h, q_idx, kv_idx):
+            return score + 1.0
+
+    x = np.ones((1, 2, 8, 4))
+    want = pa.attention(x, x, x)
+    mods = [
+        lambda score, b, h, q_idx, kv_idx, extra=0.0: score + extra,
+        lambda score, *rest: score,
+        functools.partial(lambda shift, score, b, h, q_idx, kv_idx: score + shift, 0.0),
+        Shift(),
+        pa.mods.softcap(30.0),
+    ]
+    for mod in mods:
+        assert pa.attention(x, x, x, score_mod=mod).shape == want.shape
+    bm = pa.create_block_mask(lambda *idx: idx[2] >= idx[3], None, None, 8, 8, block_size=4)
+    assert_close(pa.attention(x, x, x, block_mask=bm), pa.attention(x, x, x, causal=True), rtol=0)
+
+
+# --- mixed input dtypes: promoted, as the array API says (SDPA raises) ---------------
+
+
+def test_mixed_dtypes_promote_as_the_array_api_says(backend: Backend, rng):
+    xp = backend.xp
+    pairs = [(xp.float32, xp.float64), *((h, xp.float32) for h in backend.half_dtypes)]
+    for narrow_dtype, wide_dtype in pairs:
+        q, k, v = make_qkv(rng, 4, 5, d=3, batch=(2,), backend=backend, dtype=wide_dtype)
+        q_narrow = xp.astype(q, narrow_dtype)
+        out = pa.attention(q_narrow, k, v, causal="top_left")
+        assert out.dtype == xp.result_type(narrow_dtype, wide_dtype) == wide_dtype
+        # as if the query had been cast first, bit for bit
+        assert_close(
+            out,
+            pa.attention(xp.astype(q_narrow, wide_dtype), k, v, causal="top_left"),
+            rtol=0,
+        )

@@ -151,7 +151,7 @@ def test_keys_and_values_are_not_repeated(rng):
 def test_not_a_grouped_layout_is_still_refused(rng):
     q, _, _ = _inputs(rng)
     k = rng.standard_normal((B, 4, LK, D))  # 4 does not divide 6
-    with pytest.raises(ValueError, match="broadcast"):
+    with pytest.raises(ValueError, match="the query's 6 heads must be a multiple of the key's 4"):
         pa.attention(q, k, k)
     with pytest.raises(ValueError, match="broadcast"):  # value's heads differ from key's
         pa.attention(q, k[:, :2], rng.standard_normal((B, 3, LK, D)))

@@ -9,7 +9,7 @@ path on it, and cast the result back to the caller's dtype. The paths
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal, get_args, overload
 
 from ._core._block_mask import BlockMask
 from ._core._masks import Causal
@@ -21,6 +21,7 @@ from ._lib._checks import check_array, check_flag, check_int_pair
 from ._lib._compat import array_namespace, namespace_library
 from ._lib._precision import narrow, torch_autocast_off
 from ._lib._typing import Array, Namespace
+from ._lib._vocabulary import sdpa_names
 from ._paths._auto import auto_impl
 from ._paths._materialize import materialize_attention, materialize_weights
 from ._paths._native import native_attention
@@ -34,6 +35,81 @@ _ARRAY_NAMES = ("query", "key", "value", "mask", "bias", "key_lengths", "query_l
 _WEIGHTS_NAMES = ("query", "key", "mask", "bias", "key_lengths", "query_lengths", "sinks")
 
 
+# The type checkers' view: the return type follows return_lse (an array, or the
+# (output, lse) pair), so `out.shape` and `out, lse = ...` both check.
+@overload
+def attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    /,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    causal: Causal = False,
+    scale: float | None = None,
+    window: int | tuple[int, int] | None = None,
+    key_lengths: Array | None = None,
+    query_lengths: Array | None = None,
+    softcap: float | None = None,
+    impl: Impl = "auto",
+    block_size: int | tuple[int, int] | None = None,
+    return_lse: Literal[False] = False,
+    score_mod: ScoreMod | None = None,
+    block_mask: BlockMask | None = None,
+    sinks: Array | None = None,
+) -> Array: ...
+
+
+@overload
+def attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    /,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    causal: Causal = False,
+    scale: float | None = None,
+    window: int | tuple[int, int] | None = None,
+    key_lengths: Array | None = None,
+    query_lengths: Array | None = None,
+    softcap: float | None = None,
+    impl: Impl = "auto",
+    block_size: int | tuple[int, int] | None = None,
+    return_lse: Literal[True],
+    score_mod: ScoreMod | None = None,
+    block_mask: BlockMask | None = None,
+    sinks: Array | None = None,
+) -> tuple[Array, Array]: ...
+
+
+@overload
+def attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    /,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    causal: Causal = False,
+    scale: float | None = None,
+    window: int | tuple[int, int] | None = None,
+    key_lengths: Array | None = None,
+    query_lengths: Array | None = None,
+    softcap: float | None = None,
+    impl: Impl = "auto",
+    block_size: int | tuple[int, int] | None = None,
+    return_lse: bool = False,
+    score_mod: ScoreMod | None = None,
+    block_mask: BlockMask | None = None,
+    sinks: Array | None = None,
+) -> Array | tuple[Array, Array]: ...
+
+
+@sdpa_names
 def attention(
     query: Array,
     key: Array,
@@ -240,16 +316,33 @@ def attention(
     merged exactly through the log-sum-exp, at most
     ``dask.config.get("portattn.merge-fan-in", 4)`` partials per merge.
 
+    Mixed dtypes: query, key and value of different floating dtypes are
+    promoted by the array API's type promotion rules, and the output has
+    the promoted dtype: a float16 query with float32 key and value computes
+    and returns float32, as if the query were cast first (torch's
+    ``scaled_dot_product_attention`` raises instead). Cast the inputs to
+    one dtype yourself to keep a narrower one.
+
+    Coming from ``scaled_dot_product_attention``: its ``attn_mask`` is
+    ``mask`` (boolean) or ``bias`` (floating), ``is_causal=True`` is
+    ``causal="top_left"`` (``causal=True`` where ``Lq == Lk``), and
+    ``enable_gqa`` is implicit (see above); each SDPA name is refused with
+    that pointer. There is no dropout (``dropout_p``): to drop attention
+    weights as SDPA does, multiply :func:`attention_weights` by a random
+    keep mask divided by ``1 - p`` and then by ``value``, or apply dropout
+    to the output.
+
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import numpy as np
     >>> import portattn as pa
-    >>> q = k = xp.eye(3)
-    >>> v = xp.reshape(xp.arange(6, dtype=xp.float64), (3, 2))
-    >>> pa.attention(q, k, v, causal=True)[0, :]
-    Array([0., 1.], dtype=array_api_strict.float64)
-    >>> pa.attention(q, k, v, causal=True).shape
-    (3, 2)
+    >>> q = k = np.eye(3)
+    >>> v = np.arange(6.0).reshape(3, 2)
+    >>> pa.attention(q, k, v, causal=True)[0]
+    array([0., 1.])
+    >>> out, lse = pa.attention(q, k, v, causal=True, return_lse=True)
+    >>> out.shape, lse.shape
+    ((3, 2), (3,))
     """
     check_array("value", value)  # prepare() reads value=None as a weights-only call
     xp = array_namespace(
@@ -335,6 +428,7 @@ def _solve(
     return out
 
 
+@sdpa_names
 def attention_weights(
     query: Array,
     key: Array,

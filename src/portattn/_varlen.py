@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Sequence
+from typing import Any, Literal, overload
 
 from ._attention import Impl, attention
 from ._core._masks import Causal
@@ -37,6 +38,77 @@ from ._lib._typing import Array, Namespace
 __all__ = ["attention_varlen", "host_offsets", "paged_attention"]
 
 _NAMES = ("q", "k", "v", "sinks")
+
+
+# The type checkers' view: the return type follows return_lse (an array, or the
+# (output, lse) pair), so `out.shape` and `out, lse = ...` both check.
+@overload
+def attention_varlen(
+    q: Array,
+    k: Array,
+    v: Array,
+    /,
+    *,
+    cu_seqlens_q: object,
+    cu_seqlens_k: object,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: Causal = False,
+    window: int | tuple[int, int] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    score_mod: ScoreMod | None = None,
+    sinks: Array | None = None,
+    return_lse: Literal[False] = False,
+    impl: Impl = "auto",
+    block_size: int | tuple[int, int] | None = None,
+) -> Array: ...
+
+
+@overload
+def attention_varlen(
+    q: Array,
+    k: Array,
+    v: Array,
+    /,
+    *,
+    cu_seqlens_q: object,
+    cu_seqlens_k: object,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: Causal = False,
+    window: int | tuple[int, int] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    score_mod: ScoreMod | None = None,
+    sinks: Array | None = None,
+    return_lse: Literal[True],
+    impl: Impl = "auto",
+    block_size: int | tuple[int, int] | None = None,
+) -> tuple[Array, Array]: ...
+
+
+@overload
+def attention_varlen(
+    q: Array,
+    k: Array,
+    v: Array,
+    /,
+    *,
+    cu_seqlens_q: object,
+    cu_seqlens_k: object,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: Causal = False,
+    window: int | tuple[int, int] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    score_mod: ScoreMod | None = None,
+    sinks: Array | None = None,
+    return_lse: bool = False,
+    impl: Impl = "auto",
+    block_size: int | tuple[int, int] | None = None,
+) -> Array | tuple[Array, Array]: ...
 
 
 def attention_varlen(
@@ -170,7 +242,7 @@ def run_sequences(
     kvs: list[tuple[Array, Array]],
     *,
     score_mod: ScoreMod | None,
-    options: dict[str, object],
+    options: dict[str, Any],  # attention's keywords, checked there
     return_lse: object,
     xp: Namespace,
 ) -> Array | tuple[Array, Array]:
@@ -192,7 +264,7 @@ def run_sequences(
                 _heads_first(vi, xp=xp),
                 score_mod=mod,
                 return_lse=True,
-                **options,  # type: ignore[arg-type]
+                **options,
             )
         except ValueError as e:
             msg = f"sequence {i} (Lq={b - a}, Lk={ki.shape[0]}): {e}"
@@ -277,6 +349,74 @@ def _host_ints(name: str, x: object) -> list[int]:
         )
         raise ValueError(msg)
     return [int(n) for n in to_numpy(x).tolist()]
+
+
+# The type checkers' view: the return type follows return_lse (an array, or the
+# (output, lse) pair), so `out.shape` and `out, lse = ...` both check.
+@overload
+def paged_attention(
+    q: Array,
+    k_pages: Array,
+    v_pages: Array,
+    /,
+    *,
+    block_table: object,
+    seq_lens: object,
+    cu_seqlens_q: object,
+    causal: Causal = "bottom_right",
+    window: int | tuple[int, int] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    score_mod: ScoreMod | None = None,
+    sinks: Array | None = None,
+    return_lse: Literal[False] = False,
+    impl: Impl = "auto",
+    block_size: int | tuple[int, int] | None = None,
+) -> Array: ...
+
+
+@overload
+def paged_attention(
+    q: Array,
+    k_pages: Array,
+    v_pages: Array,
+    /,
+    *,
+    block_table: object,
+    seq_lens: object,
+    cu_seqlens_q: object,
+    causal: Causal = "bottom_right",
+    window: int | tuple[int, int] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    score_mod: ScoreMod | None = None,
+    sinks: Array | None = None,
+    return_lse: Literal[True],
+    impl: Impl = "auto",
+    block_size: int | tuple[int, int] | None = None,
+) -> tuple[Array, Array]: ...
+
+
+@overload
+def paged_attention(
+    q: Array,
+    k_pages: Array,
+    v_pages: Array,
+    /,
+    *,
+    block_table: object,
+    seq_lens: object,
+    cu_seqlens_q: object,
+    causal: Causal = "bottom_right",
+    window: int | tuple[int, int] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    score_mod: ScoreMod | None = None,
+    sinks: Array | None = None,
+    return_lse: bool = False,
+    impl: Impl = "auto",
+    block_size: int | tuple[int, int] | None = None,
+) -> Array | tuple[Array, Array]: ...
 
 
 def paged_attention(

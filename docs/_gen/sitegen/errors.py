@@ -30,7 +30,8 @@ class Case:
 
     section: str
     code: str
-    needs: str | None = None  # a library the call imports, or "longdouble" (wider than float64)
+    # a module the call imports (bound to its last name), or "longdouble" (wider than float64)
+    needs: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,27 @@ CASES: tuple[Case, ...] = (
     Case("attention options", "pa.attention(q, k, v, block_size=0)"),
     Case("attention options", "pa.attention(q, k, v, block_size='4')"),
     Case("attention options", "pa.attention(q, k, v, return_lse='no')"),
+    # coming from torch: SDPA's and FlexAttention's names, pointed to portattn's
+    Case("from torch", "pa.attention(q, k, v, attn_mask=np.ones((4, 5), dtype=bool))"),
+    Case("from torch", "pa.attention(q, q, q, is_causal=True)"),
+    Case("from torch", "pa.attention(q, k, v, dropout_p=0.1)"),
+    Case("from torch", "pa.attention_weights(q, k, enable_gqa=True)"),
+    Case(
+        "from torch",
+        "pa.attention(np.ones((2, 8, 4, 3)), np.ones((2, 3, 5, 3)), np.ones((2, 3, 5, 3)))",
+    ),
+    Case("from torch", "pa.attention(x4, x4, x4, score_mod=lambda score, b, h, q_idx: score)"),
+    Case(
+        "from torch",
+        "pa.create_block_mask(lambda q_idx, kv_idx: q_idx >= kv_idx, None, None, 8, 8)",
+    ),
+    Case("from torch", "pa.and_masks(pa.mods.causal, lambda b, h, q_idx: q_idx >= 0)"),
+    Case(
+        "from torch",
+        "pa.attention(x4, x4, x4, block_mask=flex_attention.create_block_mask("
+        "lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, 8, 8, device='cpu'))",
+        needs="torch.nn.attention.flex_attention",
+    ),
     # position masks
     Case("masks", "pa.causal_mask(-1, 3)"),
     Case("masks", "pa.causal_mask(2, 3, align='middle')"),
@@ -178,7 +200,7 @@ def run_case(case: Case) -> Outcome:
             return Outcome(case, "not run", "on this platform np.longdouble is float64")
     elif case.needs is not None:
         try:
-            env[case.needs] = importlib.import_module(case.needs)
+            env[case.needs.rsplit(".", 1)[-1]] = importlib.import_module(case.needs)
         except ImportError as exc:
             return Outcome(case, "not run", f"{case.needs} is not installed in this build ({exc})")
     try:

@@ -19,6 +19,7 @@ from .._lib._checks import check_int, shown
 from .._lib._compat import is_concrete, is_dask_namespace, resolve_namespace
 from .._lib._convert import to_numpy
 from .._lib._typing import Array, Device, Namespace
+from .._lib._vocabulary import check_mod_arity
 from ._mods import MaskMod, apply_mask_mod, check_sizes, tile_indices
 
 __all__ = ["EMPTY", "FULL", "PARTIAL", "BlockMask", "create_block_mask"]
@@ -344,6 +345,7 @@ def create_block_mask(
             f"got {shown(mask_mod)}"
         )
         raise TypeError(msg)
+    check_mod_arity("mask_mod", mask_mod)
     nb, nh = _check_extent("B", B), _check_extent("H", H)
     lq, lk = check_int("q_len", q_len, minimum=0), check_int("kv_len", kv_len, minimum=0)
     bq, bk = _check_block_size(block_size)

@@ -24,6 +24,7 @@ from typing import Any
 
 from .._lib._checks import shown
 from .._lib._typing import Array, Device, Namespace
+from .._lib._vocabulary import check_mod_arity, foreign_block_mask
 from ._block_mask import EMPTY, FULL, PARTIAL, BlockMask
 from ._mods import (
     MaskMod,
@@ -244,6 +245,8 @@ def flex_mods(
             f"got {shown(score_mod)}"
         )
         raise TypeError(msg)
+    if score_mod is not None:
+        check_mod_arity("score_mod", score_mod)
     if len(batch) != 2:
         msg = (
             "score_mod and block_mask need 4-D (B, H, L, d) inputs, as FlexAttention does, "
@@ -256,7 +259,7 @@ def flex_mods(
     if block_mask is None:
         return Mods(score_mod)
     if not isinstance(block_mask, BlockMask):
-        msg = f"expected block_mask to be a portattn.BlockMask, got {shown(block_mask)}"
+        msg = f"expected block_mask to be a portattn.BlockMask, {foreign_block_mask(block_mask)}"
         raise TypeError(msg)
     shape = tuple(block_mask.shape)
     fits = shape[-2:] == (lq, lk) and all(

@@ -33,14 +33,24 @@ def kv_groups(query: object, key: object, value: object | None) -> int:
     """``G`` when ``key`` (and ``value``) hold ``Hkv`` heads shared by the query's ``H``, else 1.
 
     A grouped layout has (..., H, L, d) arrays of one rank (at least 3) with
-    ``1 < Hkv < H`` and ``Hkv`` dividing ``H``. Anything else is left to the
-    ordinary broadcasting rules, and to validation's errors (the arrays are
-    not yet validated: shapes are read defensively).
+    ``1 < Hkv < H`` and ``Hkv`` dividing ``H``; ``H > 1`` query heads that
+    ``Hkv > 1`` key heads do not divide can neither group nor broadcast, and
+    are refused in those words. Anything else is left to the ordinary
+    broadcasting rules, and to validation's errors (the arrays are not yet
+    validated: shapes are read defensively).
     """
     nq, nk = getattr(query, "ndim", 0), getattr(key, "ndim", 0)
     if not isinstance(nq, int) or nq < 3 or nq != nk:
         return 1
-    h, hkv = query.shape[-3], key.shape[-3]  # type: ignore[attr-defined]
+    qs, ks = tuple(query.shape), tuple(key.shape)  # type: ignore[attr-defined]
+    h, hkv = qs[-3], ks[-3]
+    if h > 1 and hkv > 1 and h % hkv != 0:
+        msg = (
+            "expected the key's heads to divide the query's (grouped-query attention): "
+            f"the query's {h} heads must be a multiple of the key's {hkv}, got query shape "
+            f"{qs} and key shape {ks}"
+        )
+        raise ValueError(msg)
     if h == hkv or hkv == 1 or hkv == 0 or h % hkv != 0:
         return 1
     same_rank = value is not None and getattr(value, "ndim", 0) == nk

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from .._lib._checks import dtype_name, has_kind
 from .._lib._typing import Array, Device, DType, Namespace
+from .._lib._vocabulary import check_mod_arity
 
 __all__ = [
     "MaskMod",
@@ -232,6 +233,7 @@ def _check_mods(name: str, mods: tuple[object, ...]) -> None:
                 f"at position {i}"
             )
             raise TypeError(msg)
+        check_mod_arity("mask_mod", mod)
 
 
 def and_masks(*mask_mods: MaskMod) -> MaskMod:
@@ -251,18 +253,17 @@ def and_masks(*mask_mods: MaskMod) -> MaskMod:
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import numpy as np
     >>> import portattn as pa
     >>> causal = lambda b, h, q, kv: q >= kv
     >>> near = lambda b, h, q, kv: q - kv <= 1
     >>> both = pa.and_masks(causal, near)
-    >>> q = xp.reshape(xp.arange(4), (4, 1))
-    >>> kv = xp.reshape(xp.arange(4), (1, 4))
-    >>> xp.astype(both(0, 0, q, kv), xp.int8)
-    Array([[1, 0, 0, 0],
+    >>> q, kv = np.arange(4).reshape(4, 1), np.arange(4).reshape(1, 4)
+    >>> both(0, 0, q, kv).astype(np.int8)
+    array([[1, 0, 0, 0],
            [1, 1, 0, 0],
            [0, 1, 1, 0],
-           [0, 0, 1, 1]], dtype=array_api_strict.int8)
+           [0, 0, 1, 1]], dtype=int8)
     """
     _check_mods("and_masks", mask_mods)
     mods = tuple(mask_mods)
@@ -294,17 +295,16 @@ def or_masks(*mask_mods: MaskMod) -> MaskMod:
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import numpy as np
     >>> import portattn as pa
     >>> causal = lambda b, h, q, kv: q >= kv
     >>> first_key = lambda b, h, q, kv: kv == 0
     >>> either = pa.or_masks(causal, first_key)
-    >>> q = xp.reshape(xp.arange(3), (3, 1))
-    >>> kv = xp.reshape(xp.arange(3), (1, 3))
-    >>> xp.astype(either(0, 0, q, kv), xp.int8)
-    Array([[1, 0, 0],
+    >>> q, kv = np.arange(3).reshape(3, 1), np.arange(3).reshape(1, 3)
+    >>> either(0, 0, q, kv).astype(np.int8)
+    array([[1, 0, 0],
            [1, 1, 0],
-           [1, 1, 1]], dtype=array_api_strict.int8)
+           [1, 1, 1]], dtype=int8)
     """
     _check_mods("or_masks", mask_mods)
     mods = tuple(mask_mods)

@@ -45,10 +45,10 @@ class Head:
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import numpy as np
     >>> import portattn as pa
-    >>> head = pa.Head.random(8, 4, xp=xp)
-    >>> x = xp.ones((5, 8))
+    >>> head = pa.Head.random(8, 4, xp=np)
+    >>> x = np.ones((5, 8))
     >>> head(x, causal=True).shape
     (5, 4)
     """

@@ -89,10 +89,10 @@ class KVCache:
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import numpy as np
     >>> import portattn as pa
-    >>> cache = pa.KVCache(2, 4, capacity=3, xp=xp)
-    >>> k = v = xp.ones((2, 1, 4), dtype=xp.float32)  # (Hkv, new tokens, d_head)
+    >>> cache = pa.KVCache(2, 4, capacity=3, xp=np)
+    >>> k = v = np.ones((2, 1, 4), dtype=np.float32)  # (Hkv, new tokens, d_head)
     >>> keys, values = cache.append(k, v)
     >>> keys.shape, cache.length
     ((2, 1, 4), 1)

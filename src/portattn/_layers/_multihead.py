@@ -79,12 +79,12 @@ class MultiHeadAttention:
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import numpy as np
     >>> import portattn as pa
-    >>> mha = pa.MultiHeadAttention.random(8, 4, num_kv_heads=2, xp=xp)
+    >>> mha = pa.MultiHeadAttention.random(8, 4, num_kv_heads=2, xp=np)
     >>> mha.num_heads, mha.num_kv_heads, mha.d_head, mha.group_size
     (4, 2, 2, 2)
-    >>> mha(xp.ones((3, 5, 8)), causal=True).shape
+    >>> mha(np.ones((3, 5, 8)), causal=True).shape
     (3, 5, 8)
     """
 

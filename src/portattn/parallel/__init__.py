@@ -31,7 +31,7 @@ torch and JAX are imported only when their arrays arrive.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 from .._core._masks import normalize_window
 from .._lib._checks import check_finite_scale, check_flag, check_int_pair
@@ -54,6 +54,77 @@ def last_stats() -> Stats | None:
     Backward counts are added when the backward runs. ``None`` before any call.
     """
     return _LAST[-1] if _LAST else None
+
+
+# The type checkers' view: the return type follows return_lse (an array, or the
+# (output, lse) pair), so `out.shape` and `out, lse = ...` both check.
+@overload
+def attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    /,
+    *,
+    group: Any = None,
+    axis_name: Any = None,
+    strategy: str = "ring",
+    layout: Layout = "zigzag",
+    causal: bool = False,
+    window: int | tuple[int, int] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    score_mod: Any = None,
+    block_mask: Any = None,
+    sinks: Array | None = None,
+    return_lse: Literal[False] = False,
+    block_size: int | tuple[int, int] | None = None,
+) -> Array: ...
+
+
+@overload
+def attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    /,
+    *,
+    group: Any = None,
+    axis_name: Any = None,
+    strategy: str = "ring",
+    layout: Layout = "zigzag",
+    causal: bool = False,
+    window: int | tuple[int, int] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    score_mod: Any = None,
+    block_mask: Any = None,
+    sinks: Array | None = None,
+    return_lse: Literal[True],
+    block_size: int | tuple[int, int] | None = None,
+) -> tuple[Array, Array]: ...
+
+
+@overload
+def attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    /,
+    *,
+    group: Any = None,
+    axis_name: Any = None,
+    strategy: str = "ring",
+    layout: Layout = "zigzag",
+    causal: bool = False,
+    window: int | tuple[int, int] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    score_mod: Any = None,
+    block_mask: Any = None,
+    sinks: Array | None = None,
+    return_lse: bool = False,
+    block_size: int | tuple[int, int] | None = None,
+) -> Array | tuple[Array, Array]: ...
 
 
 def attention(
