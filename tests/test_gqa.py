@@ -15,8 +15,8 @@ import pytest
 from array_api_compat import array_namespace
 
 import portattn as pa
-from portattn.testing import to_numpy
 from portattn._core._prepare import prepare
+from portattn.testing import to_numpy
 
 from conftest import Backend, assert_close_on, impls_for
 
