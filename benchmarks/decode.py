@@ -8,7 +8,10 @@ memory point.
 Every ratio is paired: per round each subject of a case runs ``loops`` calls
 in turn, and the ratio is the median over rounds of (subject time / peer
 time in the same round), so that the load of a shared machine hits both
-alike. torch runs on 2 threads; NumPy with its pool, as a user's call would.
+alike. Every library runs on one thread (torch's, NumPy's BLAS through
+threadpoolctl, XLA's through ``XLA_FLAGS``), timed by the process's CPU clock:
+on a shared, loaded machine two-thread timings measured the scheduler (an
+SDPA decode step of 29 us took 35 ms of wall time at a load of 16 on 2 cores).
 
 Cases, ``(B, H, Hkv, Lq, Lk, d)``, float32:
 
@@ -38,6 +41,8 @@ loops}`` (``ratio`` is time over the peer's, ``speed`` its inverse);
 
 from __future__ import annotations
 
+import math
+import os
 import statistics
 import subprocess
 import sys
@@ -52,9 +57,9 @@ DECODE = ((8, 32, 8, 1, 2048, 128), (1, 8, 2, 1, 512, 64), (1, 8, 8, 1, 512, 64)
 PREFILL = ((1, 32, 8, 2048, 2048, 128), (1, 32, 32, 2048, 2048, 128))
 CHAPTER = (1, 8, 8, 16, 16, 64)
 TRAINING = (1, 32, 8, 1024, 1024, 64)
-LQ1 = ((1, 32, 8, 1, 8192, 128), (1, 32, 8, 1, 32768, 128))
+LQ1 = ((1, 32, 8, 1, 32768, 128), (1, 8, 2, 1, 262144, 64))
 MEMORY = ((2, 4, 4096, 64), (32, 4))  # keys, then the two query head counts
-THREADS = 2
+THREADS = 1
 TARGETS = {  # speed (peer time over subject time) at least, or time ratio at most
     ("decode", "torch"): ("speed", 0.9),
     ("decode", "numpy"): ("speed", 0.9),
@@ -91,28 +96,47 @@ def plain_numpy(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = Fals
     return s @ v
 
 
-def _loops(f: Callable[[], Any], budget_s: float) -> int:
+def _loops(f: Callable[[], Any], window_s: float) -> int:
     f()
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     f()
-    one = max(time.perf_counter() - t0, 1e-7)
-    return max(1, min(2000, int(budget_s / one)))
+    one = max(time.process_time() - t0, 1e-7)
+    return max(1, min(2000, int(window_s / one)))
 
 
 def paired(
-    funcs: dict[str, Callable[[], Any]], rounds: int, budget_s: float = 0.05
+    funcs: dict[str, Callable[[], Any]], rounds: int, windows: int = 5, window_s: float = 0.005
 ) -> dict[str, tuple[list[float], int]]:
-    """Per subject: its per-call seconds in each round, and the loops per round."""
-    loops = {name: _loops(f, budget_s) for name, f in funcs.items()}
+    """Per subject: its per-call CPU seconds in each round, and the loops per window.
+
+    Per round each subject in turn runs ``windows`` windows of ``loops``
+    calls and keeps its best window. The clock is the process's CPU time
+    (every library runs on :data:`THREADS` thread), which leaves out the
+    time other processes of a shared machine hold the cores; the best of a
+    few short windows leaves out most of the rest (cache and frequency
+    disturbance from them).
+    """
+    loops = {name: _loops(f, window_s) for name, f in funcs.items()}
     times: dict[str, list[float]] = {name: [] for name in funcs}
     for _ in range(rounds):
         for name, f in funcs.items():
             f()
-            t0 = time.perf_counter()
-            for _ in range(loops[name]):
-                f()
-            times[name].append((time.perf_counter() - t0) / loops[name])
+            best = math.inf
+            for _ in range(windows):
+                t0 = time.process_time()
+                for _ in range(loops[name]):
+                    f()
+                best = min(best, time.process_time() - t0)
+            times[name].append(best / loops[name])
     return {name: (times[name], loops[name]) for name in funcs}
+
+
+def _spread(xs: list[float]) -> list[float]:
+    """The quartiles of ``xs``: the noise of a median over rounds."""
+    if len(xs) < 2:
+        return [xs[0], xs[0]]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return [q[0], q[2]]
 
 
 def rows(
@@ -138,12 +162,14 @@ def rows(
         }
         peer = peers.get(name)
         if peer is not None:
-            ratio = statistics.median(t / p for t, p in zip(ts, timed[peer][0], strict=True))
+            ratios = [t / p for t, p in zip(ts, timed[peer][0], strict=True)]
+            ratio = statistics.median(ratios)
             target = TARGETS.get((case, library))
             row |= {
                 "peer": peer,
                 "peer_median_s": statistics.median(timed[peer][0]),
                 "ratio": ratio,
+                "ratio_quartiles": _spread(ratios),
                 "speed": 1.0 / ratio,
             }
             if target is not None:
@@ -153,7 +179,12 @@ def rows(
         out.append(row)
         print(
             f"{case:9s} {shape!s:28s} {name:34s} {row['median_s'] * 1e6:11.1f} us"
-            + (f"  x{row['ratio']:.2f} of {peer}" if peer else "")
+            + (
+                f"  x{row['ratio']:.2f} [{row['ratio_quartiles'][0]:.2f}, "
+                f"{row['ratio_quartiles'][1]:.2f}] of {peer}"
+                if peer
+                else ""
+            )
         )
     return out
 
@@ -292,8 +323,28 @@ def lq1(rounds: int) -> list[dict[str, Any]]:
             name = f"portattn numpy {impl}"
             call = lambda impl=impl, a=(q, k, v): pa.attention(*a, impl=impl)  # noqa: E731
             funcs[name], peers[name] = ("numpy", call), "portattn numpy materialize"
+        funcs |= _jax_impls(q, k, v, peers)
         out += rows("lq1", shape, funcs, peers, rounds)
     return out
+
+
+def _jax_impls(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, peers: dict[str, str]
+) -> dict[str, tuple[str, Callable[[], Any]]]:
+    """portattn's generic paths on JAX under ``jax.jit``, each held to materialize's time."""
+    import jax
+    import jax.numpy as jnp
+
+    import portattn as pa
+
+    a = tuple(jnp.asarray(x) for x in (q, k, v))
+    funcs: dict[str, tuple[str, Callable[[], Any]]] = {}
+    for impl in ("materialize", "blockwise"):
+        f = jax.jit(lambda q, k, v, impl=impl: pa.attention(q, k, v, impl=impl))
+        name = f"portattn jax {impl}, jit"
+        funcs[name] = ("jax", lambda f=f: f(*a).block_until_ready())
+        peers[name] = "portattn jax materialize, jit"
+    return funcs
 
 
 def memory_child(h: int) -> None:
@@ -334,19 +385,35 @@ def memory() -> dict[str, Any]:
     }
 
 
+def one_thread_xla() -> None:
+    """XLA on one thread, as torch and the BLAS: set before JAX is first imported."""
+    if "jax" not in sys.modules:
+        flags = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
+
+
 def run(*, rounds: int = 7, quick: bool = False) -> dict[str, Any]:
     import torch
+    from threadpoolctl import threadpool_limits
 
+    one_thread_xla()
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
     try:
         r = 3 if quick else rounds
-        record_rows = decode(r) + chapter(r) + prefill(max(3, r // 2))
-        record_rows += training(max(3, r // 2)) + lq1(3) + jax_rows(r)
+        with threadpool_limits(THREADS):
+            record_rows = decode(r) + chapter(r) + prefill(max(3, r // 2))
+            record_rows += training(max(3, r // 2)) + lq1(3) + jax_rows(r)
     finally:
         torch.set_num_threads(threads)
     return {
-        "config": {"dtype": "float32", "torch_threads": THREADS, "rounds": r, "quick": quick},
+        "config": {
+            "dtype": "float32",
+            "threads": THREADS,
+            "clock": "process CPU time, best of 5 windows per round",
+            "rounds": r,
+            "quick": quick,
+        },
         "note": "timed on a shared 2-core machine: ratios within one run, interleaved rounds",
         "rows": record_rows,
         "memory": memory(),

@@ -8,8 +8,9 @@ processes hits peers alike; ratios are taken within a run. Writes
 
 Options: ``--quick`` (N up to 2048, 3 rounds; for a smoke test, not for the
 record), ``--dry-run`` (N=128, one round: a check that the script works, in
-seconds), ``--only programmable`` (only the cases of ``programmable.py``,
-merged into the existing record), ``--out DIR``; ``--help`` lists the rest.
+seconds), ``--only programmable`` or ``--only decode`` (only the cases of
+``programmable.py`` or ``decode.py``, merged into the existing record),
+``--out DIR``; ``--help`` lists the rest.
 
 Record schema (``cpu.json``; the Performance page reads it, defensively):
 
@@ -41,7 +42,10 @@ Record schema (``cpu.json``; the Performance page reads it, defensively):
 - ``profile``: per-pass time of one blockwise tile, per library (see
   :func:`tile_profile`);
 - ``programmable``: block masks and score mods against FlexAttention and
-  portattn's dense calls (schema in ``programmable.py``).
+  portattn's dense calls (schema in ``programmable.py``);
+- ``decode``: decode steps, grouped-query attention, prefill and training
+  with GQA against SDPA (``enable_gqa``), NumPy and ``jax.jit`` (schema in
+  ``decode.py``).
 
 The method, the machine and the row fields are ``core.py``'s, shared with
 ``gpu.py``. Peak memory is measured with tracemalloc (NumPy reports its
@@ -708,6 +712,24 @@ def only_programmable(out: Path, *, rounds: int, quick: bool) -> None:
     print(f"merged the programmable cases into {path}")
 
 
+def only_decode(out: Path, *, rounds: int, quick: bool) -> None:
+    """Only the decode and GQA cases, merged into the record's ``decode``."""
+    import decode
+
+    path = out / ("cpu-quick.json" if quick else "cpu.json")
+    record = json.loads(path.read_text()) if path.exists() else {}
+    record["decode"] = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "load_before": load(),
+        **decode.run(rounds=rounds, quick=quick),
+        "load_after": load(),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"merged the decode cases into {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N <= 2048, 3 rounds (smoke test)")
@@ -734,9 +756,10 @@ def main() -> None:
     parser.add_argument("--memory-max-n", type=int, default=max(MEMORY_SIZES))
     parser.add_argument(
         "--only",
-        choices=("programmable",),
+        choices=("programmable", "decode"),
         help="run only these cases and merge them into the existing record "
-        "(programmable: block masks and score mods against FlexAttention; see programmable.py)",
+        "(programmable: block masks and score mods against FlexAttention, see programmable.py; "
+        "decode: decode steps and grouped-query attention against SDPA, see decode.py)",
     )
     parser.add_argument(
         "--no-dask",
@@ -751,6 +774,9 @@ def main() -> None:
         only_programmable(
             args.out, rounds=args.rounds or (1 if args.dry_run else 5), quick=args.quick
         )
+        return
+    if args.only == "decode":
+        only_decode(args.out, rounds=args.rounds or (1 if args.dry_run else 7), quick=args.quick)
         return
     # The dask rows go to their own record: a full run writes them too.
     if args.dask_only or not (args.quick or args.no_dask):
@@ -832,6 +858,10 @@ def main() -> None:
     record["memory"] = memory(mem_sizes)
     record["chapter"] = chapter_overhead(args.rounds or (3 if args.quick else 15))
     print("chapter size:", record["chapter"]["median_us"])
+    if not args.dry_run:
+        import decode
+
+        record["decode"] = {"date": record["date"], **decode.run(quick=args.quick)}
     record["load_after"] = load()
     name = "cpu-dry-run" if args.dry_run else "cpu-quick" if args.quick else "cpu"
     (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -4,7 +4,8 @@ The rule (attention's docstring): the fused kernel wherever it is exact and
 needs no more memory than the generic path, which today means torch SDPA
 without softcap or return_lse and without a position mask larger than the
 generic path's working memory; otherwise materialize below 256 x 256 pairs,
-blockwise above.
+blockwise above, except for one query (a decode step), which materializes
+against a cache of any length.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from portattn.testing import assert_close, to_numpy
 from conftest import Backend, assert_close_on, option_arrays, rtol_for
 
 BIG = 300  # 300 x 300 pairs > 256 x 256: above the materialising size
+CACHE = 256 * 256 + 7  # one query against this many keys: above it too, in pairs
 
 # name: (options, Lq, Lk, path on torch)
 CASES = {
@@ -42,6 +44,10 @@ CASES = {
     "softcap": ({"softcap": 2.0}, 6, 6, "materialize"),
     "softcap_big": ({"softcap": 2.0, "causal": True}, BIG, BIG, "blockwise"),
     "lse": ({"return_lse": True}, 6, 6, "materialize"),
+    # one query against a long cache: its scores are a d-th of the keys
+    "decode_long_cache": ({}, 1, CACHE, "native"),
+    "decode_long_cache_softcap": ({"softcap": 2.0}, 1, CACHE, "materialize"),
+    "two_queries_long_cache": ({"softcap": 2.0}, 2, CACHE, "blockwise"),
 }
 
 
@@ -73,7 +79,7 @@ def _expected(backend: Backend, torch_path: str, lq: int, lk: int) -> str:
         return torch_path
     if torch_path != "native":
         return torch_path
-    return "blockwise" if lq * lk > 256 * 256 else "materialize"
+    return "blockwise" if lq * lk > 256 * 256 and lq > 1 else "materialize"
 
 
 # portattn._core._masks builds position indices as int64, which JAX without x64
@@ -84,7 +90,8 @@ def test_auto_takes_the_rule_path_and_agrees_with_materialize(backend, rng, spy,
     kw, lq, lk, torch_path = CASES[name]
     kw = dict(kw)
     want_lse = kw.pop("return_lse", False)
-    kwargs = option_arrays(backend, rng, kw, lq, lk)
+    needs_arrays = any(v in ("m", "b", "kl", "ql") for v in kw.values())
+    kwargs = option_arrays(backend, rng, kw, lq, lk) if needs_arrays else kw
     q, k, v = (rng.standard_normal((2, 3, n, 8)) for n in (lq, lk, lk))
     xp = backend.xp
     for dtype in backend.float_dtypes:

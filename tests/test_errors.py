@@ -305,7 +305,11 @@ def test_a_memoised_valid_call_waves_no_bad_array_through(small_np):
 
 
 def test_the_memo_skips_only_repeat_numpy_checks(small_np, monkeypatch):
-    """A repeat NumPy call skips the checks and gives the same bits; torch never skips them."""
+    """A repeat NumPy or eager torch call skips the checks and gives the same bits.
+
+    Not a tensor subclass (a Parameter, a fake tensor) and not a call that
+    differs in dtype: those are validated again.
+    """
     import torch
 
     from portattn._core import _prepare
@@ -324,9 +328,14 @@ def test_the_memo_skips_only_repeat_numpy_checks(small_np, monkeypatch):
     pa.attention(q, k, v, causal=True, mask=np.ones((6, 6), dtype=bool))  # an array option
     assert len(calls) == 2
     tq, tk, tv = (torch.from_numpy(x) for x in small_np)
-    pa.attention(tq, tk, tv)
-    pa.attention(tq, tk, tv)
+    first = pa.attention(tq, tk, tv)
+    again = pa.attention(tq, tk, tv)
+    assert len(calls) == 3
+    assert torch.equal(first, again)
+    pa.attention(torch.nn.Parameter(tq), tk, tv)
     assert len(calls) == 4
+    pa.attention(tq.double(), tk.double(), tv.double())
+    assert len(calls) == 5
 
 
 # --- NumPy scalars where Python numbers are accepted ----------------------------------

@@ -2,8 +2,10 @@
 
 Every option, on every impl and backend, against the same call on keys and
 values repeated per query head (the copied-K/V formula, float64 NumPy);
-gradients on torch against autograd through that formula and against SDPA
-with ``enable_gqa``; on JAX under ``jax.jit`` against ``jax.nn``'s own GQA.
+gradients of every option on torch and on JAX (under ``jax.jit``) against
+autodiff through that formula, and against SDPA with ``enable_gqa`` and
+``jax.nn``'s own GQA. No call copies K or V: NumPy's peak memory and every
+tensor torch makes, forward and backward, stay below one repeated K.
 """
 
 from __future__ import annotations
@@ -182,6 +184,9 @@ GRAD_CASES = (
     "sinks per head",
     "score_mod",
     "block_mask per head",
+    "window",
+    "scale",
+    "key lengths per query head",
 )
 
 
@@ -299,3 +304,138 @@ def test_jax_grads_under_jit(case):
         ).swapaxes(1, 2)
         got = jax.jit(lambda q, k, v: pa.attention(q, k, v, **options))(q, k, v)
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+# Every option through jax.grad under jax.jit, as on torch.
+JAX_GRAD_CASES = GRAD_CASES
+
+
+def _jax_options(case: str, rng: np.random.Generator) -> dict[str, Any]:
+    """``OPTIONS[case]`` as JAX arrays (float32 where floating), the block mask built by JAX."""
+    import jax.numpy as jnp
+
+    from conftest import get_backend
+
+    out: dict[str, Any] = {}
+    for name, x in OPTIONS[case](get_backend("numpy"), rng).items():
+        if name == "block_mask":
+            out[name] = pa.create_block_mask(_head_mask, B, H, LQ, LK, block_size=(2, 3), xp=jnp)
+        elif isinstance(x, np.ndarray):
+            out[name] = jnp.asarray(x, jnp.float32) if x.dtype.kind == "f" else jnp.asarray(x)
+        else:
+            out[name] = x
+    return out
+
+
+@pytest.mark.parametrize("case", _cases(JAX_GRAD_CASES))
+def test_jax_grads_every_option_match_repeated_keys(case):
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(11)
+    q, k, v = (jnp.asarray(x, jnp.float32) for x in _inputs(rng))
+    options = _jax_options(case, rng)
+
+    def grads(impl: str, repeat: bool) -> Any:
+        def f(q: Any, k: Any, v: Any) -> Any:
+            if repeat:
+                k, v = jnp.repeat(k, G, axis=1), jnp.repeat(v, G, axis=1)
+            return jnp.sum(jnp.sin(pa.attention(q, k, v, impl=impl, **options)))
+
+        return jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, k, v)
+
+    want = grads("materialize", True)
+    for impl in ("materialize", "blockwise", "auto"):
+        for g, w in zip(grads(impl, False), want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_torch_lse_grads_match_repeated_keys():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(12)
+    q, k, v = (torch.from_numpy(x) for x in _inputs(rng))
+    d_out = torch.from_numpy(rng.standard_normal((B, H, LQ, DV)))
+    d_lse = torch.from_numpy(rng.standard_normal((B, H, LQ)))
+
+    def grads(impl: str, *, repeat: bool) -> list[Any]:
+        arrays = [x.clone().requires_grad_() for x in (q, k, v)]
+        qq, kk, vv = arrays
+        if repeat:
+            kk, vv = (x.repeat_interleave(G, dim=1) for x in (kk, vv))
+        out, lse = pa.attention(qq, kk, vv, impl=impl, causal="bottom_right", return_lse=True)
+        return list(torch.autograd.grad((out, lse), arrays, (d_out, d_lse)))
+
+    want = grads("materialize", repeat=True)
+    for impl in ("materialize", "blockwise", "auto"):
+        for g, w in zip(grads(impl, repeat=False), want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+# --- no copies of K and V ------------------------------------------------------------------
+
+# A decode step: 32 query heads over 4 key/value heads of a 4096-key cache.
+COPY_Q, COPY_KV = (2, 32, 1, 64), (2, 4, 4096, 64)
+
+
+@pytest.mark.parametrize("impl", ["materialize", "blockwise", "auto"])
+def test_numpy_call_never_holds_repeated_keys(impl):
+    """Peak extra memory stays below two copies of K (16 MiB), a quarter of K repeated (64 MiB).
+
+    Scores and weights are (2, 32, 1, 4096): 1 MiB each; the blockwise path
+    may lay K out once for its tiles (8 MiB). Repeating K or V per query
+    head, by broadcast_to and reshape or by np.repeat, allocates 64 MiB.
+    """
+    import tracemalloc
+
+    rng = np.random.default_rng(13)
+    q = rng.standard_normal(COPY_Q, dtype=np.float32)
+    k, v = (rng.standard_normal(COPY_KV, dtype=np.float32) for _ in range(2))
+    repeated_bytes = k.nbytes * (COPY_Q[1] // COPY_KV[1])
+    pa.attention(q, k, v, impl=impl)  # plans, pools, first imports: not the call's memory
+    tracemalloc.start()
+    try:
+        for kw in ({}, {"causal": "bottom_right"}, {"return_lse": True}):
+            tracemalloc.reset_peak()
+            pa.attention(q, k, v, impl=impl, **kw)
+            peak = tracemalloc.get_traced_memory()[1]
+            assert peak < 2 * k.nbytes < repeated_bytes / 2, (kw, peak, repeated_bytes)
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("impl", ["materialize", "blockwise", "native", "auto"])
+def test_torch_call_and_backward_never_make_a_tensor_the_size_of_repeated_keys(impl):
+    """Every tensor any op makes, forward and backward, stays below K repeated per head.
+
+    A TorchDispatchMode sees each op's outputs: an ``expand`` is a view and
+    free, but the ``reshape`` (or ``repeat_interleave``) that follows it
+    makes a (B, H, Lk, d) tensor, G times K's size.
+    """
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.largest = (0, "")
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > self.largest[0]:
+                    self.largest = (t.untyped_storage().nbytes(), str(func))
+            return out
+
+    rng = np.random.default_rng(14)
+    q = torch.from_numpy(rng.standard_normal(COPY_Q, dtype=np.float32)).requires_grad_()
+    k, v = (
+        torch.from_numpy(rng.standard_normal(COPY_KV, dtype=np.float32)).requires_grad_()
+        for _ in range(2)
+    )
+    repeated_bytes = k.numel() * k.element_size() * (COPY_Q[1] // COPY_KV[1])
+    for kw in ({}, {"causal": "bottom_right"}):
+        spy = Largest()
+        with spy:
+            out = pa.attention(q, k, v, impl=impl, **kw)
+            torch.autograd.grad(out.sum(), (q, k, v))
+        assert spy.largest[0] <= k.numel() * k.element_size(), (kw, spy.largest, repeated_bytes)

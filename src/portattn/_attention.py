@@ -191,7 +191,8 @@ def attention(
         ``key_lengths`` always qualify; other masks only for small calls).
         Otherwise, and on every other library, it materialises below
         256 x 256 (query, key) pairs per batch entry and goes blockwise
-        above. JAX is left on the generic paths: the default
+        above, except that one query (a decode step) materialises against
+        keys of any length. JAX is left on the generic paths: the default
         ``jax.nn.dot_product_attention`` is XLA's composition of the same
         operations, not a fused kernel, and is slower eagerly.
         Every option is validated whichever path runs.

@@ -530,3 +530,105 @@ def pool_cost_markdown() -> str:
     else:
         text += "; this record has no size below it."
     return text + "\n"
+
+
+# --- decode and grouped-query attention (the record's "decode", benchmarks/decode.py) ----
+
+_DECODE_WORDS = {
+    "head": {
+        "en": "| case | (B, H, Hkv, Lq, Lk, d) | subject | time | peer | time over peer "
+        "(quartiles) | target | |",
+        "ja": "| 場合 | (B, H, Hkv, Lq, Lk, d) | 対象 | 時間 | 比較相手 | 相手に対する時間比"
+        "(四分位) | 目標 | |",
+    },
+    "how": {
+        "en": "Measured {date}: every library on {threads} thread, timed by the process's CPU "
+        "clock ({clock}), {rounds} interleaved rounds; each ratio is the median over rounds "
+        "of the call's time over its peer's in the same round. Load average {before} before "
+        "and {after} after.",
+        "ja": "測定 {date}。どのライブラリも {threads} スレッドで、プロセスの CPU 時間で計測"
+        "({clock})、交互に {rounds} ラウンド。比は、同じラウンドの相手の時間に対する時間の比の、"
+        "ラウンドにわたる中央値。ロードアベレージは実行前 {before}、実行後 {after}。",
+    },
+    "speed": {"en": "speed ≥ {x}", "ja": "速さ ≥ {x}"},
+    "ratio": {"en": "time ≤ {x}×", "ja": "時間 ≤ {x} 倍"},  # noqa: RUF001
+    "memory": {
+        "en": "Peak extra memory (tracemalloc, NumPy): a ({h}, 1, {d}) query per batch entry "
+        "over {kv} keys takes {big} bytes: {ratio:.2f} of G = {g} times the {small} bytes "
+        "of a ({hs}, 1, {d}) query over the same keys (target at most 1: {verdict}).",
+        "ja": "追加メモリの最大値(tracemalloc、NumPy): バッチあたり ({h}, 1, {d}) のクエリが "
+        "{kv} のキーに対して {big} バイト。同じキーに対する ({hs}, 1, {d}) のクエリの {small} "
+        "バイトの G = {g} 倍に対して {ratio:.2f}(目標は 1 以下: {verdict})。",
+    },
+}
+
+
+def _dw(key: str, lang: str, **fields: Any) -> str:
+    return _DECODE_WORDS[key]["ja" if lang == "ja" else "en"].format(**fields)
+
+
+def _seconds(x: float) -> str:
+    return f"{x * 1e3:.2f} ms" if x >= 1e-3 else f"{x * 1e6:.1f} µs"
+
+
+def _decode_row(r: dict[str, Any], lang: str) -> str:
+    ratio, quart = _num(r.get("ratio")), r.get("ratio_quartiles") or []
+    rq = "—"
+    if ratio is not None:
+        rq = f"{ratio:.2f}"
+        if len(quart) == 2:
+            rq += f" [{float(quart[0]):.2f}, {float(quart[1]):.2f}]"
+    target, goal = r.get("target") or {}, ""
+    for kind, x in target.items():  # a speed target is shown as the time ratio it allows
+        goal = _dw("ratio", lang, x=f"{1 / x:.2f}")
+        goal += f" ({_dw('speed', lang, x=x)})" if kind == "speed" else ""
+        goal = goal if kind == "speed" else _dw("ratio", lang, x=x)
+    verdict = _verdict(ratio, bool(r.get("met")), lang) if goal else ""
+    peer = r.get("peer") or ""
+    return (
+        f"| {r.get('case')} | {tuple(r.get('shape', []))} | {r.get('subject')} | "
+        f"{_seconds(float(r.get('median_s', 0)))} | {peer} | {rq} | {goal} | {verdict} |"
+    )
+
+
+def decode_markdown(*, lang: str = "en") -> str:
+    """The decode and GQA table: each subject against its peer, its target and verdict."""
+    rec = record().get("decode", {}) or {}
+    rows = [r for r in rec.get("rows", []) or [] if isinstance(r, dict)]
+    if not rows:
+        return "Not in this record.\n"
+    cfg = rec.get("config", {}) or {}
+    how = _dw(
+        "how",
+        lang,
+        date=str(rec.get("date", "?"))[:10],
+        threads=cfg.get("threads", "?"),
+        clock=cfg.get("clock", "?"),
+        rounds=cfg.get("rounds", "?"),
+        before=", ".join(map(str, rec.get("load_before", []) or [])),
+        after=", ".join(map(str, rec.get("load_after", []) or [])),
+    )
+    lines = [how, "", _dw("head", lang), "| --- | --- | --- | ---: | --- | ---: | --- | --- |"]
+    lines += [_decode_row(r, lang) for r in rows]
+    mem = rec.get("memory", {}) or {}
+    peak = mem.get("peak_bytes", {}) or {}
+    heads, keys = mem.get("query_heads") or [], mem.get("keys") or []
+    if len(heads) == 2 and len(keys) == 4 and all(str(h) in peak for h in heads):
+        ratio = float(mem.get("ratio", 0))
+        lines += [
+            "",
+            _dw(
+                "memory",
+                lang,
+                h=heads[0],
+                hs=heads[1],
+                d=keys[3],
+                kv=tuple(keys),
+                big=f"{peak[str(heads[0])]:,}",
+                small=f"{peak[str(heads[1])]:,}",
+                g=heads[0] // keys[1],
+                ratio=ratio,
+                verdict=_verdict(ratio, bool(mem.get("met")), lang),
+            ),
+        ]
+    return "\n".join(lines) + "\n"

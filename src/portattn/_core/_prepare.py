@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 
 import numpy as np
 
@@ -262,17 +263,18 @@ def prepare(
         and key_lengths is None
         and query_lengths is None
         and sinks is None
-        and type(query) is np.ndarray
-        and type(key) is np.ndarray
-        and (value is None or type(value) is np.ndarray)
         and (scale is None or type(scale) is float or type(scale) is int)
+        and _memoisable(query, key, value)
     ):
-        # The checks below depend on nothing but these: a repeat NumPy call
-        # (the chapter's size is dominated by such bookkeeping) skips them.
-        # (``xp`` is these arrays' namespace: callers look it up from them.)
+        # The checks below depend on nothing but these: a repeat NumPy or
+        # eager torch call (the chapter's size is dominated by such
+        # bookkeeping) skips them. (``xp`` is these arrays' namespace:
+        # callers look it up from them; torch's key holds the devices.)
         memo = (query.dtype, query.shape, key.dtype, key.shape, causal, window, scale, cap)
         if value is not None:
             memo += (value.dtype, value.shape)
+        if type(query) is not np.ndarray:
+            memo += (query.device, key.device, None if value is None else value.device)
         plan = _PLANS.get(memo)
     if plan is None:
         asked = Variant(
@@ -295,6 +297,22 @@ def prepare(
         return p
     mods = flex_mods(score_mod, block_mask, batch=p.batch, lq=p.lq, lk=p.lk)
     return dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods))
+
+
+def _memoisable(query: Array, key: Array, value: Array | None) -> bool:
+    """NumPy arrays, or plain torch tensors outside ``torch.compile``, all of one type.
+
+    For them what :func:`_validate` decides depends only on dtypes, shapes,
+    devices and the options. Not subclasses (fake tensors, parameters) and
+    not traced calls, whose sizes may be symbolic.
+    """
+    t = type(query)
+    if type(key) is not t or (value is not None and type(value) is not t):
+        return False
+    if t is np.ndarray:
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and t is torch.Tensor and not torch.compiler.is_compiling()
 
 
 def _problem(

@@ -11,11 +11,17 @@ from .._core._problem import Problem
 from .._lib._typing import Namespace
 from ._native import auto_delegates
 
-__all__ = ["MATERIALIZE_MAX_PAIRS", "auto_impl"]
+__all__ = ["MATERIALIZE_ANY_LK_AT_LQ", "MATERIALIZE_MAX_PAIRS", "auto_impl"]
 
 # Below this many (query, key) pairs per batch entry, materialising the score
 # matrix is cheaper than any blocking machinery.
 MATERIALIZE_MAX_PAIRS = 256 * 256
+# One query (a decode step) materialises against a cache of any length: its
+# scores, (..., 1, Lk), are a d-th of the keys it reads, and the blocking
+# machinery only adds passes. Measured (benchmarks/decode.py, "lq1"; NumPy,
+# one thread): blockwise takes 1.7x to 2.0x materialize's time from Lk=32768
+# to 262144; torch takes SDPA (the rule above this one).
+MATERIALIZE_ANY_LK_AT_LQ = 1
 
 
 def auto_impl(p: Problem, *, lib: str, want_lse: bool, xp: Namespace) -> str:
@@ -28,7 +34,8 @@ def auto_impl(p: Problem, *, lib: str, want_lse: bool, xp: Namespace) -> str:
     ):
         return "native"
     s = p.structure
-    if s.lq * s.lk > MATERIALIZE_MAX_PAIRS or _has_empty_tiles(p):
+    long = s.lq * s.lk > MATERIALIZE_MAX_PAIRS and s.lq > MATERIALIZE_ANY_LK_AT_LQ
+    if long or _has_empty_tiles(p):
         return "blockwise"
     return "materialize"
 

@@ -224,7 +224,11 @@ def _torch(
     import torch
     import torch.nn.functional as F
 
+    h = p.batch[-1] if p.batch else 1
+
     def full(x: Array, length: int, heads: int) -> Array:  # (..., L, d) -> (B, H, L, d)
+        if len(p.batch) == 2 and x.ndim == 4 and x.shape[:2] == (p.batch[0], heads):
+            return x  # already (B, H, L, d): a decode step pays for no view
         batch = (*p.batch[:-1], heads) if p.batch else p.batch
         return _four_d(xp.broadcast_to(x, (*batch, length, x.shape[-1])), batch, xp=xp)
 
@@ -233,7 +237,6 @@ def _torch(
     mask = allowed4
     if bias4 is not None:
         mask = bias4 if mask is None else torch.where(mask, bias4, -math.inf)
-    h = p.batch[-1] if p.batch else 1
     # Grouped-query attention: SDPA reads each key/value head for its group
     # itself (enable_gqa, torch >= 2.5, the oldest portattn supports).
     gqa = {"enable_gqa": True} if p.groups > 1 else {}
@@ -251,7 +254,7 @@ def _torch(
     seen = _visible_rows(allowed4, bias4, xp=xp)
     if seen is not None:
         out = xp.where(seen, out, 0.0)
-    return xp.reshape(out, (*p.batch, p.lq, p.dv))
+    return out if len(p.batch) == 2 else xp.reshape(out, (*p.batch, p.lq, p.dv))
 
 
 def _jax(
