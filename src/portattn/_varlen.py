@@ -258,19 +258,21 @@ def run_sequences(
     for i, ((a, b), (ki, vi)) in enumerate(zip(spans, kvs, strict=True)):
         mod = None if score_mod is None else functools.partial(_in_sequence, score_mod, i)
         try:
-            out, lse = attention(
+            got = attention(
                 _heads_first(q[a:b, ...], xp=xp),  # (1, H, Lq_i, d)
                 _heads_first(ki, xp=xp),
                 _heads_first(vi, xp=xp),
                 score_mod=mod,
-                return_lse=True,
+                return_lse=want_lse,  # the lse costs a pass, and keeps torch off SDPA
                 **options,
             )
         except ValueError as e:
             msg = f"sequence {i} (Lq={b - a}, Lk={ki.shape[0]}): {e}"
             raise ValueError(msg) from e
+        out: Array = got[0] if want_lse else got
         outs.append(xp.permute_dims(out[0, ...], (1, 0, 2)))  # (Lq_i, H, dv)
-        lses.append(lse[0, ...])  # (H, Lq_i)
+        if want_lse:
+            lses.append(got[1][0, ...])  # (H, Lq_i)
     out = outs[0] if len(outs) == 1 else xp.concat(outs, axis=0)
     if not want_lse:
         return out

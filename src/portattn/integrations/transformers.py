@@ -11,6 +11,38 @@ Two lines make a model compute its attention with :func:`portattn.attention`::
 ``AttentionMaskInterface``: a name known only to the first gets
 ``attention_mask=None`` from the models, and padding would be lost.
 
+Packed sequences go through :func:`portattn.attention_varlen`: when the model
+passes ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (continuous batching,
+``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``), or, in a
+batch of one row, ``position_ids`` that restart (padding-free training), each
+sequence attends only within itself, as flash-attn's varlen kernel does.
+
+Continuous batching (``model.generate_batch``) admits only ``"sdpa"``,
+``"paged|eager"`` and names containing ``"flash"``, and only the flash names
+get the packed layout without a dense (T, T) mask. :func:`serve` is the route
+chosen: it switches a model loaded with :func:`register`'s name to that
+name's alias ``<name>_flash`` (same attention function, same mask function)
+by setting ``model.config._attn_implementation``. Why this route, among the
+ones transformers 5.25 leaves:
+
+* loading with a name containing "flash" (``from_config(...,
+  attn_implementation="portattn_flash")`` or ``set_attn_implementation``)
+  fails: the load check tries to import a flash-attn kernel (from the Hub)
+  for any such name, and for gpt-oss it swaps the name for its own kernel;
+  only the config attribute, which the layers and continuous batching read,
+  bypasses both;
+* registering over ``"sdpa"`` or ``"paged|eager"`` would change every other
+  model in the process, and hands the attention a dense mask;
+* patching ``ContinuousBatchingManager`` depends on private code that
+  changes every release.
+
+The alias has no digit after "flash" (transformers reads ``flash...2`` /
+``flash...3`` as flash-attn 2 / 3 and would take its CUDA paged path), so on
+continuous batching's index path the attention receives the whole packed
+key/value rows and ``cu_seq_lens_k`` per layer type; a ``block_table`` with
+``k_cache`` / ``v_cache`` (its CUDA flash-attn path) never comes, and is
+refused by name if it does.
+
 The module needs ``transformers`` and ``torch`` (``pip install
 'portattn[transformers]'``); ``import portattn`` never imports them.
 """
@@ -18,10 +50,11 @@ The module needs ``transformers`` and ``torch`` (``pip install
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 try:
     import torch
@@ -44,6 +77,7 @@ from .._attention import IMPLS, Impl, attention, attention_weights
 from .._core._groups import group_heads, group_mask, group_per_head, ungroup_heads
 from .._lib._compat import array_namespace
 from .._lib._typing import Namespace
+from .._varlen import attention_varlen
 from ._tiny import ARCHITECTURES, NON_CAUSAL_ARCHITECTURES, tiny_batch, tiny_model
 
 __all__ = [
@@ -52,17 +86,20 @@ __all__ = [
     "attention_forward",
     "main",
     "register",
+    "serve",
     "tiny_batch",
     "tiny_model",
 ]
 
 
+_Model = TypeVar("_Model", bound="torch.nn.Module")
+
 # Keyword arguments the models pass that change nothing here: cache and output
-# bookkeeping, and the packed-sequence hints of the flash-attention kernels,
-# whose effect ``sdpa_mask`` already folds into the boolean mask.
+# bookkeeping, continuous batching's cache indices and logits rows, and the
+# flash kernels' length bounds (hints for their buffers).
 _NO_EFFECT = frozenset(
     {
-        "position_ids",
+        "position_ids",  # read only to find packed sequences, see _packed_offsets
         "cache_position",
         "use_cache",
         "output_attentions",
@@ -70,18 +107,40 @@ _NO_EFFECT = frozenset(
         "output_router_logits",
         "return_dict",
         "num_items_in_batch",
-        "cu_seq_lens_q",
-        "cu_seq_lens_k",
         "max_length_q",
         "max_length_k",
         "seq_idx",
+        "read_index",
+        "write_index",
+        "logits_indices",
+        "logits_processor_args",
         # ModernBERT's request for flash-attn's deterministic backward: portattn's
         # backward sums in a fixed order, so it is deterministic already.
         "deterministic",
     }
 )
 # Keyword arguments with a meaning that attention_forward honours.
-_HONOURED = frozenset({"is_causal", "sliding_window", "softcap", "position_bias", "s_aux"})
+_HONOURED = frozenset(
+    {"is_causal", "sliding_window", "softcap", "position_bias", "s_aux", "cu_seq_lens_q",
+     "cu_seq_lens_k"}
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """One attention call of a model, translated into portattn's terms.
+
+    Dense: ``q``, ``k``, ``v`` grouped (B, Hkv, G, L, d) for :func:`attention`.
+    Packed (``offsets`` set): (T, H, d) and (T, Hkv, d) for
+    :func:`attention_varlen`, with ``offsets = (cu_seqlens_q, cu_seqlens_k)``.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    options: dict[str, Any]
+    offsets: tuple[list[int], list[int]] | None
+    weights: bool
 
 
 def attention_forward(
@@ -140,11 +199,14 @@ def attention_forward(
         bias, shape (1 or B, Hq, Lq, Lk), added to the scaled scores as a
         bias), ``s_aux`` (gpt-oss's attention sinks, shape (Hq,), passed as
         ``sinks``: one more logit per row, whose weight is dropped),
-        ``deterministic`` (ModernBERT's flash-attn hint: portattn's backward
-        is deterministic anyway) and ``output_attentions``. Keyword
-        arguments that change nothing here (cache and output bookkeeping,
-        packed-sequence hints that the mask already carries) are accepted;
-        any other one that is not ``None`` is refused.
+        ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (packed sequences in a batch
+        of one row: see Notes), ``position_ids`` (read for packed sequences
+        only), ``deterministic`` (ModernBERT's flash-attn hint: portattn's
+        backward is deterministic anyway) and ``output_attentions``.
+        Keyword arguments that change nothing here (cache and output
+        bookkeeping, continuous batching's cache indices, the flash kernels'
+        length bounds) are accepted; any other one that is not ``None``
+        (a head mask, a ``block_table``, ...) is refused.
 
     Returns
     -------
@@ -159,7 +221,21 @@ def attention_forward(
         An unsupported keyword argument (a head mask, ...) or a mask that is
         neither boolean nor floating.
     ValueError
-        Dropout while training; ranks or head counts that do not fit.
+        Dropout while training; ranks or head counts that do not fit; packed
+        sequences in a batch of more than one row, or with the weights asked
+        for.
+
+    Notes
+    -----
+    Packed sequences, as flash-attn's varlen path in ``transformers`` reads
+    them: with ``cu_seq_lens_q`` and ``cu_seq_lens_k`` (continuous batching,
+    ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``), or, for a
+    batch of one row with ``Lq == Lk``, ``position_ids`` that do not rise by
+    1 from one token to the next (``DataCollatorWithFlattening``), sequence
+    ``i`` attends only within itself, through
+    :func:`portattn.attention_varlen`: causal layers bottom-right aligned (its
+    queries are its last tokens), ``sliding_window`` and ``softcap`` per
+    sequence. The mask, which the model built for one long row, is not read.
 
     Examples
     --------
@@ -172,6 +248,91 @@ def attention_forward(
     >>> tuple(out.shape), weights
     ((2, 5, 4, 8), None)
     """
+    call = _translate(module, query, key, value, attention_mask, scaling, dropout, kwargs)
+    return _run(call, impl=impl)
+
+
+def _translate(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None,
+    dropout: float,
+    kwargs: dict[str, Any],
+) -> _Call:
+    """The model's arguments, checked, as portattn's arrays and options (the translation table)."""
+    _check_call(module, query, key, value, dropout, kwargs)
+    hq, hkv = int(query.shape[1]), int(key.shape[1])
+    lq, lk = int(query.shape[2]), int(key.shape[2])
+    xp = array_namespace(query, key, value)
+    is_causal = kwargs.get("is_causal")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    options: dict[str, Any] = {"scale": scaling, "softcap": kwargs.get("softcap")}
+    sinks = kwargs.get("s_aux")
+    weights = _wants_weights(module, kwargs)
+    offsets = _packed_offsets(query, key, kwargs)
+    if offsets is not None:
+        if weights:
+            msg = (
+                "expected output_attentions to be off for packed sequences (cu_seq_lens_q, or "
+                "position_ids that restart), got it on: the packed path forms no weights"
+            )
+            raise ValueError(msg)
+        sliding = kwargs.get("sliding_window")
+        options["causal"] = "bottom_right" if is_causal else False
+        if sliding is not None:  # flash-attn's window in transformers: w - 1 back, 0 ahead
+            w = int(sliding)
+            options["window"] = (w - 1, 0) if is_causal else (w, w)  # as _causal_window
+        if sinks is not None:
+            options["sinks"] = _checked_sinks(sinks, hq=hq)
+        q, k, v = (x[0, ...].transpose(0, 1) for x in (query, key, value))  # (T, H, d)
+        return _Call(q, k, v, options, offsets, weights=False)
+    mask, bias = _mask_parts(attention_mask, hq=hq, hkv=hkv, lq=lq, lk=lk, xp=xp)
+    options["mask"] = mask
+    options["bias"] = _with_position_bias(
+        bias, kwargs.get("position_bias"), hq=hq, hkv=hkv, lq=lq, lk=lk
+    )
+    options["causal"], options["window"] = _causal_window(
+        attention_mask, kwargs.get("sliding_window"), is_causal=is_causal, lq=lq, lk=lk
+    )
+    if sinks is not None:
+        options["sinks"] = group_per_head(_checked_sinks(sinks, hq=hq), num_kv_heads=hkv, xp=xp)
+    # Group the query heads onto their key/value head instead of repeating K and V:
+    # q (B, Hkv, G, Lq, d) against k, v (B, Hkv, 1, Lk, d) broadcast over G.
+    gq, gk, gv = group_heads(query, key, value, xp=xp)
+    return _Call(gq, gk, cast("torch.Tensor", gv), options, None, weights=weights)
+
+
+def _run(call: _Call, *, impl: Impl) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The translated call, computed, in transformers' layout: (B, Lq, Hq, dv) and the weights."""
+    if call.offsets is not None:
+        cu_q, cu_k = call.offsets
+        out = attention_varlen(
+            call.q, call.k, call.v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, impl=impl,
+            **call.options,
+        )  # fmt: skip
+        return cast("torch.Tensor", out)[None, ...], None  # (1, T, Hq, dv)
+    xp = array_namespace(call.q)
+    out = cast("torch.Tensor", attention(call.q, call.k, call.v, impl=impl, **call.options))
+    out = ungroup_heads(out, xp=xp).transpose(1, 2).contiguous()  # (B, Lq, Hq, dv)
+    weights = None
+    if call.weights:  # (B, Hq, Lq, Lk)
+        weights = ungroup_heads(attention_weights(call.q, call.k, **call.options), xp=xp)
+    return out, weights
+
+
+def _check_call(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dropout: float,
+    kwargs: dict[str, Any],
+) -> None:
+    """What attention_forward refuses: unknown keyword arguments, dropout, shapes."""
     extra = sorted(
         n for n, x in kwargs.items() if x is not None and n not in _NO_EFFECT | _HONOURED
     )
@@ -193,57 +354,72 @@ def attention_forward(
         if x.ndim != 4:
             msg = f"expected {name} of shape (batch, heads, length, features), got {tuple(x.shape)}"
             raise ValueError(msg)
-    hq, lq = int(query.shape[1]), int(query.shape[2])
-    hkv, lk = int(key.shape[1]), int(key.shape[2])
+    hq, hkv = int(query.shape[1]), int(key.shape[1])
     if int(value.shape[1]) != hkv or hq % hkv:
         msg = (
             "expected key and value to have the same number of heads, dividing the query's: "
             f"got query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
         )
         raise ValueError(msg)
-    xp = array_namespace(query, key, value)
-    mask, bias = _mask_parts(attention_mask, hq=hq, hkv=hkv, lq=lq, lk=lk, xp=xp)
-    bias = _with_position_bias(bias, kwargs.get("position_bias"), hq=hq, hkv=hkv, lq=lq, lk=lk)
-    is_causal = kwargs.get("is_causal")
-    if is_causal is None:
-        is_causal = getattr(module, "is_causal", True)
-    causal: bool | str = False
-    window = None
-    if attention_mask is None:
-        # The convention of transformers' sdpa path: one query token sees
-        # every cached key; a longer block is aligned top-left (a prefill into
-        # a static cache whose later slots are still empty).
-        if is_causal:
-            causal = "bottom_right" if lq == 1 else "top_left"
-        sliding = kwargs.get("sliding_window")
-        # A bidirectional window over Lq != Lk keys has no alignment to read
-        # it by. transformers hands such a layer no mask only where its window
-        # cannot bind (sdpa_mask skips it for kv_length < window), and its eager
-        # path then attends to every key: so does this one.
-        if sliding is not None and (is_causal or lq == lk):
-            # transformers' overlays: causal keeps q - k < w, bidirectional |q - k| <= w
-            window = (int(sliding) - 1, 0) if is_causal else (int(sliding), int(sliding))
-    options: dict[str, Any] = {
-        "mask": mask,
-        "bias": bias,
-        "causal": causal,
-        "scale": scaling,
-        "window": window,
-        "softcap": kwargs.get("softcap"),  # Gemma 2's tanh cap, before the mask as it does
-    }
-    sinks = kwargs.get("s_aux")
-    if sinks is not None:
-        options["sinks"] = _grouped_sinks(sinks, hq=hq, hkv=hkv, xp=xp)
 
-    # Group the query heads onto their key/value head instead of repeating K and V:
-    # q (B, Hkv, G, Lq, d) against k, v (B, Hkv, 1, Lk, d) broadcast over G.
-    q, k, v = group_heads(query, key, value, xp=xp)
-    out = cast("torch.Tensor", attention(q, k, v, impl=impl, **options))  # (B, Hkv, G, Lq, dv)
-    out = ungroup_heads(out, xp=xp).transpose(1, 2).contiguous()  # (B, Lq, Hq, dv)
-    weights = None
-    if _wants_weights(module, kwargs):
-        weights = ungroup_heads(attention_weights(q, k, **options), xp=xp)  # (B, Hq, Lq, Lk)
-    return out, weights
+
+def _causal_window(
+    attention_mask: torch.Tensor | None, sliding: object, *, is_causal: bool, lq: int, lk: int
+) -> tuple[bool | str, tuple[int, int] | None]:
+    """``causal`` and ``window`` for a dense call: from the layer only when there is no mask."""
+    if attention_mask is not None:
+        return False, None  # the mask carries causality and the window
+    # The convention of transformers' sdpa path: one query token sees
+    # every cached key; a longer block is aligned top-left (a prefill into
+    # a static cache whose later slots are still empty).
+    causal: bool | str = False
+    if is_causal:
+        causal = "bottom_right" if lq == 1 else "top_left"
+    # A bidirectional window over Lq != Lk keys has no alignment to read
+    # it by. transformers hands such a layer no mask only where its window
+    # cannot bind (sdpa_mask skips it for kv_length < window), and its eager
+    # path then attends to every key: so does this one.
+    if sliding is None or not (is_causal or lq == lk):
+        return causal, None
+    # transformers' overlays: causal keeps q - k < w, bidirectional |q - k| <= w
+    w = int(cast("int", sliding))
+    return causal, ((w - 1, 0) if is_causal else (w, w))
+
+
+def _packed_offsets(
+    query: torch.Tensor, key: torch.Tensor, kwargs: dict[str, Any]
+) -> tuple[list[int], list[int]] | None:
+    """``(cu_seqlens_q, cu_seqlens_k)`` on the host where the call packs sequences, else None."""
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    batch, lq, lk = int(query.shape[0]), int(query.shape[2]), int(key.shape[2])
+    if cu_q is not None or cu_k is not None:
+        if cu_q is None or cu_k is None or batch != 1:
+            msg = (
+                "expected cu_seq_lens_q and cu_seq_lens_k together, over a batch of one packed "
+                f"row, got {'both' if cu_q is not None and cu_k is not None else 'one'} for a "
+                f"batch of {batch}"
+            )
+            raise ValueError(msg)
+        return _host_offsets(cu_q), _host_offsets(cu_k)
+    positions = kwargs.get("position_ids")
+    if not isinstance(positions, torch.Tensor) or batch != 1 or lq != lk or lq < 2:
+        return None
+    row = positions.reshape(-1)
+    if int(row.shape[0]) != lq:
+        return None
+    # transformers' rule (find_packed_sequence_indices): a sequence starts
+    # wherever the position does not rise by 1.
+    starts = (torch.nonzero(row[1:] - row[:-1] != 1).reshape(-1) + 1).tolist()
+    if not starts:
+        return None
+    cu = [0, *starts, lq]
+    return cu, cu
+
+
+def _host_offsets(cu: object) -> list[int]:
+    if isinstance(cu, torch.Tensor):
+        return [int(n) for n in cu.tolist()]
+    return [int(n) for n in cast("Sequence[int]", cu)]
 
 
 def _mask_parts(
@@ -315,14 +491,13 @@ def _with_position_bias(
     return grouped if bias is None else bias + grouped
 
 
-def _grouped_sinks(sinks: object, *, hq: int, hkv: int, xp: Namespace) -> torch.Tensor:
-    """gpt-oss's sinks, one per query head (Hq,), in the grouped layout (Hkv, G)."""
+def _checked_sinks(sinks: object, *, hq: int) -> torch.Tensor:
+    """gpt-oss's sinks, one per query head: checked to be a tensor of shape (Hq,)."""
     if not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (hq,):
         got = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__qualname__
         msg = f"expected s_aux (attention sinks) to be a tensor of shape ({hq},), got {got}"
         raise ValueError(msg)
-    grouped: torch.Tensor = group_per_head(sinks, num_kv_heads=hkv, xp=xp)  # (Hkv, G)
-    return grouped
+    return sinks
 
 
 def _wants_weights(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
@@ -347,15 +522,18 @@ def register(name: str = "portattn", *, impl: Impl = "auto") -> str:
     Registers :func:`attention_forward` (bound to ``impl``) with
     ``transformers.AttentionInterface`` and ``sdpa_mask`` (boolean masks,
     True = attend, or ``None`` where causality alone suffices) with
-    ``AttentionMaskInterface``. Calling it again with the same arguments
-    changes nothing; calling it with another ``impl`` rebinds the name.
+    ``AttentionMaskInterface``, under ``name`` and under its serving alias
+    ``name + "_flash"`` (see :func:`serve`). Calling it again with the same
+    arguments changes nothing; calling it with another ``impl`` rebinds the
+    names.
 
     Parameters
     ----------
     name : str, optional
         The ``attn_implementation`` to register. Names that ``transformers``
         already gives another implementation (``"sdpa"``, ``"eager"``, ...)
-        are refused.
+        are refused, and so are names containing ``"flash"``, which
+        ``transformers`` would not load (it looks for a flash-attn kernel).
     impl : {"auto", "materialize", "blockwise", "native"}, optional
         The :func:`portattn.attention` path.
 
@@ -367,8 +545,8 @@ def register(name: str = "portattn", *, impl: Impl = "auto") -> str:
     Raises
     ------
     ValueError
-        An unknown ``impl``, an empty name, or a name taken by another
-        implementation.
+        An unknown ``impl``, an empty name, a name containing "flash", or a
+        name taken by another implementation.
 
     Examples
     --------
@@ -384,21 +562,85 @@ def register(name: str = "portattn", *, impl: Impl = "auto") -> str:
     if not isinstance(name, str) or not name:
         msg = f"expected name to be a non-empty string, got {name!r}"
         raise ValueError(msg)
-    taken = AttentionInterface._global_mapping.get(name)
-    if name == "eager" or (taken is not None and not hasattr(taken, "portattn_impl")):
+    if "flash" in name:
         msg = (
-            f"expected a name that transformers does not already use, got {name!r}, "
-            "which is another attention implementation"
+            "expected a name without 'flash' (transformers would look for a flash-attn kernel "
+            f"by that name; serve() gives the model a flash alias), got {name!r}"
         )
         raise ValueError(msg)
+    for each in (name, name + _SERVING):
+        taken = AttentionInterface._global_mapping.get(each)
+        if each == "eager" or (taken is not None and not hasattr(taken, "portattn_impl")):
+            msg = (
+                f"expected a name that transformers does not already use, got {each!r}, "
+                "which is another attention implementation"
+            )
+            raise ValueError(msg)
+    taken = AttentionInterface._global_mapping.get(name)
     if taken is not None and taken.portattn_impl == impl:
         return name
     forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
     forward = functools.partial(attention_forward, impl=impl)
     forward.portattn_impl = impl  # type: ignore[attr-defined]
-    AttentionInterface.register(name, forward)
-    AttentionMaskInterface.register(name, sdpa_mask)
+    for each in (name, name + _SERVING):
+        AttentionInterface.register(each, forward)
+        AttentionMaskInterface.register(each, sdpa_mask)
     return name
+
+
+# The serving alias's suffix: continuous batching admits names containing
+# "flash"; no digit after it (transformers reads "flash...2" as flash-attn 2).
+_SERVING = "_flash"
+
+
+def serve(model: _Model, /) -> _Model:
+    """Let ``model.generate_batch`` (transformers' continuous batching) run on portattn.
+
+    Continuous batching admits only ``"sdpa"``, ``"paged|eager"`` and names
+    containing ``"flash"``; only the latter get packed sequences
+    (``cu_seq_lens_q`` / ``cu_seq_lens_k``) instead of a dense mask. This
+    switches a model loaded with a name from :func:`register` to that name's
+    alias ``name + "_flash"``: the same attention function and mask function,
+    so every other use of the model (``generate``, training) is unchanged.
+    It sets ``model.config._attn_implementation`` (and the sub-configs'),
+    because ``set_attn_implementation`` would try to import a flash-attn
+    kernel for a name containing "flash", and would swap gpt-oss onto its
+    own kernel. Calling it twice changes nothing.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        Loaded with ``attn_implementation=register(...)``.
+
+    Returns
+    -------
+    transformers.PreTrainedModel
+        ``model`` itself.
+
+    Raises
+    ------
+    ValueError
+        A model whose attention is not one that :func:`register` made.
+
+    Examples
+    --------
+    >>> from portattn.integrations.transformers import register, serve, tiny_model
+    >>> model = serve(tiny_model("llama", attn_implementation=register()))
+    >>> model.config._attn_implementation
+    'portattn_flash'
+    """
+    name = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if isinstance(name, str) and name.endswith(_SERVING):
+        name = name.removesuffix(_SERVING)
+    forward = AttentionInterface._global_mapping.get(name) if isinstance(name, str) else None
+    if not hasattr(forward, "portattn_impl"):
+        msg = (
+            "expected a model loaded with attn_implementation=register(...) from "
+            f"portattn.integrations.transformers, got attn_implementation={name!r}"
+        )
+        raise ValueError(msg)
+    model.config._attn_implementation = f"{name}{_SERVING}"  # type: ignore[union-attr]
+    return model
 
 
 def main(argv: Sequence[str] | None = None) -> int:
