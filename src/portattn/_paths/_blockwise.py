@@ -284,6 +284,9 @@ def _query_block(
     # The row max may be subtracted in place on real, writeable tiles that
     # autograd has not saved (checked per tile: s.requires_grad).
     mutable = is_concrete(qb) and is_writeable_array(qb)
+    # A score_mod's result may be a read-only broadcast, or an array it
+    # captured: the tile is ours to overwrite only once xp.where made it anew.
+    foreign = p.mods is not None and p.mods.score_mod is not None
     for k0, k1 in tile_spans(lo, hi, bk, phase=_phase(p, 1, bk)):
         kind = p.kind(q0, q1, k0, k1)
         if kind == EMPTY:  # the block mask hides the tile: its keys are never read
@@ -300,7 +303,8 @@ def _query_block(
         shift = row_shift(m_new, xp=xp) if hides else m_new
         # In place only on a tile autograd cannot have saved (it may keep s
         # for the row max's gradient): NumPy's, or a tensor needing no grad.
-        scratch = mutable and not getattr(s, "requires_grad", False)
+        scratch = mutable and not (foreign and allowed is None)
+        scratch = scratch and not getattr(s, "requires_grad", False)
         if scratch:
             s -= shift
         else:
