@@ -233,3 +233,49 @@ def test_apply_rope_default_positions_take_the_default_integer(
     w = [backend.asarray(rng.standard_normal((8, 8)), xp.float32) for _ in range(4)]
     mha = pa.MultiHeadAttention(*w, num_heads=2, rope="half")
     mha(x, causal=True)  # the layer's own RoPE (rope_heads) takes the same default positions
+
+
+# --- 5: torch.func.vmap over k, v, bias, sinks and captured tensors on every path ---------
+
+
+@pytest.mark.parametrize("impl", ["blockwise", "materialize", "auto"])
+def test_torch_vmap_over_any_operand_equals_a_loop(impl: str) -> None:
+    """The blockwise output buffer took unbatched q's shape: vmap over k alone failed."""
+    torch = pytest.importorskip("torch")
+    from torch.func import vmap
+
+    g = torch.Generator().manual_seed(0)
+
+    def draw(*shape: int) -> Any:
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    n, lq = 3, 40
+    q = draw(B, H, lq, D)
+    stacked = {
+        "k": draw(n, B, H, L * 2, D),
+        "v": draw(n, B, H, L * 2, D),
+        "bias": draw(n, lq, L * 2),
+        "sinks": draw(n, H),
+        "slopes": draw(n, H).abs(),
+    }
+    fixed = {name: x[0] for name, x in stacked.items()}
+    bm = pa.create_block_mask(pa.mods.sliding_window(9, 3), None, None, lq, L * 2, block_size=16)
+    kw: dict[str, Any] = {"impl": impl, "block_mask": bm}
+    if impl == "blockwise":
+        kw["block_size"] = 16  # several query blocks: the buffer is written block by block
+
+    def call(a: dict[str, Any]) -> Any:
+        mod = pa.mods.alibi(a["slopes"])
+        return pa.attention(
+            q, a["k"], a["v"], bias=a["bias"], sinks=a["sinks"], score_mod=mod, **kw
+        )
+
+    for batched in [*stacked, tuple(stacked)]:
+        names = batched if isinstance(batched, tuple) else (batched,)
+
+        def one(*xs: Any, names: tuple[str, ...] = names) -> Any:
+            return call({**fixed, **dict(zip(names, xs, strict=True))})
+
+        got = vmap(one)(*(stacked[m] for m in names))
+        want = torch.stack([one(*(stacked[m][i] for m in names)) for i in range(n)])
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=str(names))

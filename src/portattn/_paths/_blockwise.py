@@ -105,11 +105,11 @@ def blockwise_attention(
     # batch shape (a mask or lengths may carry batch axes the inputs lack).
     # Immutable arrays (JAX) and lazy or traced ones get the blocks
     # concatenated: a graph then keeps the inputs' chunks (dask) and holds no
-    # scatter into a fresh buffer.
+    # scatter into a fresh buffer. So do blocks that are not concrete while q
+    # is: torch.func.vmap over k, v, a bias, sinks or a tensor a mod captures
+    # batches them, and a buffer built like q could not take them.
     in_place = concrete and is_writeable_array(p.q)
-    if in_place:
-        out = xp.empty((*p.batch, p.lq, p.dv), dtype=p.q.dtype, device=p.device)
-        lse = xp.empty((*p.batch, p.lq), dtype=p.q.dtype, device=p.device)
+    out = lse = None
     outs, lses = [], []
     ends = dict(spans)
     starts = [q0 for q0, _ in spans]
@@ -126,13 +126,20 @@ def blockwise_attention(
         starts, map_blocks(one, starts, workers=workers), strict=True
     ):
         q1 = ends[q0]
+        if in_place and out is None:
+            in_place = is_concrete(out_blk)
+            if in_place:
+                out = xp.empty((*p.batch, p.lq, p.dv), dtype=p.q.dtype, device=p.device)
+                lse = xp.empty((*p.batch, p.lq), dtype=p.q.dtype, device=p.device)
         if in_place:
+            assert out is not None
+            assert lse is not None
             out[..., q0:q1, :] = out_blk
             lse[..., q0:q1] = lse_blk
         else:
             outs.append(expand(out_blk, (*p.batch, q1 - q0, p.dv), xp=xp))
             lses.append(expand(lse_blk, (*p.batch, q1 - q0), xp=xp))
-    if not in_place:
+    if out is None or lse is None:
         return xp.concat(outs, axis=-2), xp.concat(lses, axis=-1)
     return out, lse
 
