@@ -8,6 +8,7 @@ option, against a float64 formula (``reference.flex_ref``) where one applies.
 from __future__ import annotations
 
 import pickle
+import warnings
 from typing import Any
 
 import numpy as np
@@ -279,3 +280,43 @@ def test_torch_vmap_over_any_operand_equals_a_loop(impl: str) -> None:
         got = vmap(one)(*(stacked[m] for m in names))
         want = torch.stack([one(*(stacked[m][i] for m in names)) for i in range(n)])
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=str(names))
+
+
+# --- 8: inside torch.compile(fullgraph=True) ----------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")
+def test_torch_compile_fullgraph_builds_mods_and_names_block_mask_remedy(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """t5_relative_bias built inside compiles; create_block_mask says to build it outside;
+    blockwise compiles without dynamo's functools.lru_cache warnings (filterwarnings=error)."""
+    torch = pytest.importorskip("torch")
+    # Dynamo warns once per message and process: forget earlier tests' warnings.
+    monkeypatch.setattr(torch._dynamo.utils, "warn_once_cache", set())
+    x = torch.tensor(rng.standard_normal((1, H, 12, D)))
+    table = torch.tensor(rng.standard_normal((32, H)))
+
+    def t5(a: Any, t: Any) -> Any:
+        return pa.attention(a, a, a, score_mod=pa.mods.t5_relative_bias(t), impl="blockwise")
+
+    def blockwise(a: Any) -> Any:
+        return pa.attention(a, a, a, causal=True, impl="blockwise", block_size=4)
+
+    def with_mask(a: Any) -> Any:
+        bm = pa.create_block_mask(pa.mods.causal, None, None, 12, 12, block_size=4)
+        return pa.attention(a, a, a, block_mask=bm)
+
+    torch._dynamo.reset()
+    got = torch.compile(blockwise, backend="eager", fullgraph=True)(x)  # no warning: an error
+    torch.testing.assert_close(got, blockwise(x), rtol=1e-12, atol=1e-12)
+    with warnings.catch_warnings():  # array-api-compat's own caches, met while mods are built
+        warnings.filterwarnings("ignore", "Dynamo detected a call to a `functools.lru_cache`")
+        torch._dynamo.reset()
+        got = torch.compile(t5, backend="eager", fullgraph=True)(x, table)
+        torch.testing.assert_close(got, t5(x, table), rtol=1e-12, atol=1e-12)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=r"expected create_block_mask to run outside torch\.c"):
+            torch.compile(with_mask, backend="eager", fullgraph=True)(x)
+        torch._dynamo.reset()  # without fullgraph dynamo falls back to eager there: it works
+        torch.testing.assert_close(torch.compile(with_mask, backend="eager")(x), with_mask(x))

@@ -10,6 +10,7 @@ block); the mod itself is kept to build partial tiles exactly.
 from __future__ import annotations
 
 import numbers
+import sys
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -409,6 +410,7 @@ def create_block_mask(
             f"got {shown(mask_mod)}"
         )
         raise TypeError(msg)
+    _refuse_a_torch_trace()
     nb, nh = _check_extent("B", B), _check_extent("H", H)
     lq, lk = check_int("q_len", q_len, minimum=0), check_int("kv_len", kv_len, minimum=0)
     bq, bk = _check_block_size(block_size)
@@ -424,6 +426,21 @@ def create_block_mask(
     if lq and lk:
         _fill(kinds, mask_mod, (nb, nh, lq, lk), (bq, bk), xp=ns, device=device)
     return BlockMask(kinds, mask_mod=mask_mod, shape=(nb, nh, lq, lk), block_size=(bq, bk))
+
+
+def _refuse_a_torch_trace() -> None:
+    """Name the remedy under torch.compile, as :func:`_fill` does under a JAX trace.
+
+    Dynamo would stop at the first NumPy read instead, with its own message.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.compiler.is_compiling():
+        msg = (
+            "expected create_block_mask to run outside torch.compile: it reads the mask's "
+            "values on the host, got a call while dynamo traces; build the block mask once, "
+            "outside the compiled function, and pass it in"
+        )
+        raise ValueError(msg)
 
 
 def _fill(

@@ -32,8 +32,6 @@ from .._lib._compat import (
     device_of,
     host_float,
     is_concrete,
-    is_dask_namespace,
-    is_numpy_namespace,
     is_writeable_array,
     namespace_library,
 )
@@ -92,7 +90,10 @@ def blockwise_attention(
     if p.lk == 0 or p.lq == 0 or math.prod(p.batch) == 0:
         return empty_result(p, xp=xp)
     concrete = is_concrete(p.q)
-    if not concrete and not is_dask_namespace(xp):
+    # namespace_library, memoised by name: dynamo warns at every call of
+    # array-api-compat's functools.lru_cache-wrapped is_*_namespace.
+    lib = namespace_library(xp)
+    if not concrete and lib != "dask":
         bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk, mods=p.mods)
     k_t = xp.matrix_transpose(p.k)  # (..., d, Lk)
     v = _with_ones_column(p.v, xp=xp) if _sum_in_matmul(p, xp=xp) else p.v
@@ -119,7 +120,7 @@ def blockwise_attention(
 
     # NumPy only: eager, no autograd, and its ufuncs run on one core (_lib._threads).
     workers = 1
-    if is_numpy_namespace(xp):
+    if lib == "numpy":
         work = math.prod(p.batch) * p.lq * p.lk * (p.q.shape[-1] + p.dv)
         workers = pool_workers(len(starts), work)
     for q0, (out_blk, lse_blk) in zip(
