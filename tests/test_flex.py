@@ -721,8 +721,10 @@ def test_bad_mods_are_named(rng: np.random.Generator) -> None:
         pa.attention(q4, q4, q4, sinks=np.zeros(2, dtype=np.int64))
     with pytest.raises(ValueError, match="score_mod"):
         pa.attention(q4, q4, q4, score_mod=lambda s, b, h, q, kv: s[..., :2, :])
-    bad = pa.create_block_mask(prefix_lm(3), None, None, 10, 10, block_size=4)
-    bad.mask_mod = lambda b, h, q, kv: q - kv  # not a boolean
+    # BlockMask is immutable: the bad mod comes in through the constructor.
+    bad = pa.BlockMask(
+        bm.kinds, mask_mod=lambda b, h, q, kv: q - kv, shape=bm.shape, block_size=bm.block_size
+    )  # not a boolean
     with pytest.raises(TypeError, match="boolean"):
         pa.attention(q4, q4, q4, block_mask=bad, impl="blockwise")
 

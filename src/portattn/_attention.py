@@ -241,7 +241,11 @@ def attention(
         One logit per (batch, head), broadcastable to the leading shape
         (for example (H,) for (B, H, L, d) inputs), added to each row's
         softmax denominator as ``exp(sink)`` (gpt-oss's attention sinks):
-        a row that sees no key outputs 0. Has a gradient.
+        a row that sees no key outputs 0. Has a gradient. Its values are
+        not read on the host (that would sync every call): ``-inf`` is no
+        sink, ``+inf`` takes each row's whole weight (output 0, lse
+        ``+inf``), and NaN makes the rows' lse NaN (never ``-inf``, which
+        means "saw no key") and the output of rows that see a key NaN.
 
     Returns
     -------

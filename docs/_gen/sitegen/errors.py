@@ -185,11 +185,31 @@ CASES: tuple[Case, ...] = (
     Case(
         "mods", "pa.create_block_mask(lambda b, h, q, kv: np.arange(4)[q] < kv, None, None, 8, 8)"
     ),
+    # programmable attention: what a score_mod returns, what a BlockMask holds
+    Case("mods", "pa.attention(x4, x4, x4, score_mod=lambda s, b, h, q, kv: q - kv)"),
+    Case("mods", "pa.attention(x4, x4, x4, score_mod=lambda s, b, h, q, kv: s[..., :1, :])"),
+    Case(
+        "mods",
+        "pa.BlockMask(np.full((1, 1, 1, 1), 7, np.int8), mask_mod=pa.mods.causal, "
+        "shape=(1, 1, 8, 8), block_size=8)",
+    ),
+    Case(
+        "mods",
+        "pa.BlockMask(np.ones((1, 1, 1, 1), np.int8), mask_mod=pa.mods.causal, "
+        "shape=(1, 1, 8, 8), block_size=(0, 8))",
+    ),
+    Case(
+        "mods",
+        "pa.BlockMask(np.ones((1, 1, 1, 1), np.int8), mask_mod=pa.mods.causal, "
+        "shape=(8, 8), block_size=8)",
+    ),
+    Case("mods", "pa.create_block_mask(pa.mods.causal, None, None, 8, 8).mask_mod = None"),
 )
 
 
 def run_case(case: Case) -> Outcome:
-    """Run ``case`` in a fresh namespace; raise if it does not raise TypeError or ValueError."""
+    """Run ``case`` in a fresh namespace; raise if it raises no TypeError, ValueError or
+    AttributeError (an immutable object refusing an assignment)."""
     env: dict[str, object] = {}
     exec(SETUP, env)  # the code is this module's own table
     importlib.import_module("portattn.testing")
@@ -205,7 +225,7 @@ def run_case(case: Case) -> Outcome:
             return Outcome(case, "not run", f"{case.needs} is not installed in this build ({exc})")
     try:
         exec(case.code, env)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, AttributeError) as exc:
         return Outcome(case, type(exc).__name__, str(exc))
     msg = f"bad-input case {case.code!r} no longer raises: update docs/_gen/sitegen/errors.py"
     raise RuntimeError(msg)

@@ -10,6 +10,7 @@ block); the mod itself is kept to build partial tiles exactly.
 from __future__ import annotations
 
 import numbers
+import sys
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -55,6 +56,15 @@ class BlockMask:
     PARTIAL: ClassVar[int] = PARTIAL
     FULL: ClassVar[int] = FULL
 
+    kinds: np.ndarray
+    mask_mod: MaskMod
+    shape: tuple[int, int, int, int]
+    block_size: tuple[int, int]
+    _merged: np.ndarray
+    _key_blocks: tuple[tuple[int, ...], ...]
+    _table: tuple[tuple[int, ...], ...]
+    _parts: tuple[tuple[int, int, int, int, tuple[tuple[int, ...], ...]], ...]
+
     def __init__(
         self,
         kinds: np.ndarray,
@@ -64,28 +74,61 @@ class BlockMask:
         shape: tuple[int, int, int, int],
         block_size: tuple[int, int],
     ) -> None:
-        bq, bk = block_size
+        if not callable(mask_mod):
+            msg = f"expected mask_mod to be a callable (b, h, q_idx, kv_idx), got {shown(mask_mod)}"
+            raise TypeError(msg)
+        bq, bk = _check_block_size(block_size)
+        shape = _check_shape(shape)
         want = (shape[0], shape[1], -(-shape[2] // bq), -(-shape[3] // bk))
-        if kinds.shape != want or kinds.dtype != np.int8:
-            got = f"{kinds.dtype} {kinds.shape}"
+        if not isinstance(kinds, np.ndarray) or kinds.shape != want or kinds.dtype != np.int8:
+            got = f"{kinds.dtype} {kinds.shape}" if isinstance(kinds, np.ndarray) else shown(kinds)
             msg = f"expected kinds to be an int8 array of shape {want}, got {got}"
             raise ValueError(msg)
-        self.kinds = kinds.copy()
-        self.kinds.flags.writeable = False
-        self.mask_mod = mask_mod
-        self.shape = shape
-        self.block_size = block_size
+        odd = np.setdiff1d(kinds, (EMPTY, PARTIAL, FULL))
+        if odd.size:
+            msg = (
+                f"expected kinds to hold EMPTY ({EMPTY}), PARTIAL ({PARTIAL}) or FULL ({FULL}) "
+                f"only, got {odd.tolist()}"
+            )
+            raise ValueError(msg)
+        kinds = kinds.copy()
+        kinds.flags.writeable = False
+        # Set once, here: every attribute below is derived from these four.
+        setattr_ = object.__setattr__
+        setattr_(self, "kinds", kinds)
+        setattr_(self, "mask_mod", mask_mod)
+        setattr_(self, "shape", shape)
+        setattr_(self, "block_size", (bq, bk))
         # Over batch and heads: empty only if empty for all, full only if full for all.
         every_empty = np.all(kinds == EMPTY, axis=(0, 1))
         every_full = np.all(kinds == FULL, axis=(0, 1))
-        merged = np.where(every_full, FULL, np.where(every_empty, EMPTY, PARTIAL))
-        self._merged = merged.astype(np.int8)
-        self._merged.flags.writeable = False
-        self._key_blocks = tuple(tuple(int(j) for j in np.flatnonzero(row)) for row in merged)
+        merged = np.where(every_full, FULL, np.where(every_empty, EMPTY, PARTIAL)).astype(np.int8)
+        merged.flags.writeable = False
+        setattr_(self, "_merged", merged)
+        setattr_(
+            self, "_key_blocks", tuple(tuple(int(j) for j in np.flatnonzero(r)) for r in merged)
+        )
         # Plain ints, so attention reads a tile's kind without touching NumPy:
         # torch.compile would turn a NumPy read into a traced tensor op.
-        self._table = _plain(merged)
-        self._parts = _parts(kinds, merged)
+        setattr_(self, "_table", _plain(merged))
+        setattr_(self, "_parts", _parts(kinds, merged))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # Half-applied changes (a new mask_mod that full tiles skip, a
+        # block_size the kinds were not built for) are refused outright.
+        msg = (
+            f"BlockMask is immutable: cannot set {name!r} (expected it to stay as built, "
+            "got an assignment); build a new one with create_block_mask"
+        )
+        raise AttributeError(msg)
+
+    def __delattr__(self, name: str) -> None:
+        self.__setattr__(name, None)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt through the constructor: the kinds come back read-only and checked.
+        args = (np.array(self.kinds), self.mask_mod, self.shape, self.block_size)
+        return (_rebuilt, args)
 
     @property
     def table(self) -> tuple[tuple[int, ...], ...]:
@@ -182,6 +225,29 @@ class BlockMask:
             f"density={self.density:.3f}, tiles: {counts[FULL]} full, "
             f"{counts[PARTIAL]} partial, {counts[EMPTY]} empty)"
         )
+
+
+def _rebuilt(
+    kinds: np.ndarray,
+    mask_mod: MaskMod,
+    shape: tuple[int, int, int, int],
+    block_size: tuple[int, int],
+) -> BlockMask:
+    """A pickled :class:`BlockMask`, built again by its constructor."""
+    return BlockMask(kinds, mask_mod=mask_mod, shape=shape, block_size=block_size)
+
+
+def _check_shape(shape: object) -> tuple[int, int, int, int]:
+    """``(B, H, q_len, kv_len)``: B and H positive, the lengths non-negative."""
+    if not isinstance(shape, tuple) or len(shape) != 4:
+        msg = f"expected shape to be a tuple (B, H, q_len, kv_len), got {shown(shape)}"
+        raise ValueError(msg)
+    return (
+        check_int("shape[0] (B)", shape[0], minimum=1),
+        check_int("shape[1] (H)", shape[1], minimum=1),
+        check_int("shape[2] (q_len)", shape[2], minimum=0),
+        check_int("shape[3] (kv_len)", shape[3], minimum=0),
+    )
 
 
 Table = tuple[tuple[int, ...], ...]
@@ -345,6 +411,7 @@ def create_block_mask(
             f"got {shown(mask_mod)}"
         )
         raise TypeError(msg)
+    _refuse_a_torch_trace()
     check_mod_arity("mask_mod", mask_mod)
     nb, nh = _check_extent("B", B), _check_extent("H", H)
     lq, lk = check_int("q_len", q_len, minimum=0), check_int("kv_len", kv_len, minimum=0)
@@ -361,6 +428,21 @@ def create_block_mask(
     if lq and lk:
         _fill(kinds, mask_mod, (nb, nh, lq, lk), (bq, bk), xp=ns, device=device)
     return BlockMask(kinds, mask_mod=mask_mod, shape=(nb, nh, lq, lk), block_size=(bq, bk))
+
+
+def _refuse_a_torch_trace() -> None:
+    """Name the remedy under torch.compile, as :func:`_fill` does under a JAX trace.
+
+    Dynamo would stop at the first NumPy read instead, with its own message.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.compiler.is_compiling():
+        msg = (
+            "expected create_block_mask to run outside torch.compile: it reads the mask's "
+            "values on the host, got a call while dynamo traces; build the block mask once, "
+            "outside the compiled function, and pass it in"
+        )
+        raise ValueError(msg)
 
 
 def _fill(

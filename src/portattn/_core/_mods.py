@@ -13,6 +13,7 @@ captured arrays alone runs unchanged under torch's ``flex_attention``, whose
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from .._lib._checks import dtype_name, has_kind
@@ -193,29 +194,32 @@ def apply_mask_mod(mask_mod: MaskMod, idx: Indices, *, xp: Namespace) -> Array:
 def apply_score_mod(score_mod: ScoreMod, score: Array, idx: Indices, *, xp: Namespace) -> Array:
     """``score_mod(score, *idx)`` checked: the shape and dtype of ``score``.
 
-    A result that promoted the dtype (NumPy turns float32 times int64 into
-    float64) is cast back; one that broadcasts to the score's shape is
-    broadcast. Anything else is refused, naming the mod.
+    A real floating result that promoted the dtype (NumPy turns float32
+    times int64 into float64) is cast back; one without the batch or head
+    axes (a mod that ignores ``b`` or ``h`` and the score) is broadcast. An
+    integer result, and one smaller than the tile along the query or key
+    axis (its value would depend on how a path tiles the scores), are
+    refused, naming the mod and the shape expected.
     """
     got = _called("score_mod", score_mod, idx, score_mod, score, *idx)
     _check_library("score_mod", score_mod, got, idx)
     dtype = getattr(got, "dtype", None)
-    if dtype is None or not (
-        has_kind(dtype, "real floating", xp=xp) or has_kind(dtype, "integral", xp=xp)
-    ):
+    if dtype is None or not has_kind(dtype, "real floating", xp=xp):
         kind = type(got).__name__ if dtype is None else dtype_name(dtype)
         msg = (
             f"expected score_mod {_name_of(score_mod)} to return a real array "
-            f"shaped like the score, got {kind}"
+            f"shaped like the score, got {kind}; scores are floating (integers are refused)"
         )
         raise TypeError(msg)
     shape = tuple(got.shape)
     want = tuple(score.shape)
     if shape != want:
-        if not _broadcastable(shape, want):
+        padded = (1,) * (len(want) - len(shape)) + shape
+        if not _broadcastable(shape, want) or padded[-2:] != want[-2:]:
             msg = (
                 f"expected score_mod {_name_of(score_mod)} to return the score's shape "
-                f"{want}, got shape {shape}"
+                f"{want}, got shape {shape}: a result smaller than the tile along the query "
+                "or key axis would depend on how each path tiles the scores"
             )
             raise ValueError(msg)
         got = xp.broadcast_to(got, want)
@@ -268,15 +272,7 @@ def and_masks(*mask_mods: MaskMod) -> MaskMod:
     _check_mods("and_masks", mask_mods)
     mods = tuple(mask_mods)
 
-    def and_mask(b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
-        if not mods:
-            return q_idx == q_idx  # True everywhere, in the caller's library, by operators alone
-        result = mods[0](b, h, q_idx, kv_idx)
-        for mod in mods[1:]:
-            result = result & mod(b, h, q_idx, kv_idx)
-        return result
-
-    return sized(and_mask, _check_each(mods))
+    return _combined(_and_mask, mods)
 
 
 def or_masks(*mask_mods: MaskMod) -> MaskMod:
@@ -309,20 +305,35 @@ def or_masks(*mask_mods: MaskMod) -> MaskMod:
     _check_mods("or_masks", mask_mods)
     mods = tuple(mask_mods)
 
-    def or_mask(b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
-        if not mods:
-            return q_idx != q_idx  # False everywhere
-        result = mods[0](b, h, q_idx, kv_idx)
-        for mod in mods[1:]:
-            result = result | mod(b, h, q_idx, kv_idx)
-        return result
-
-    return sized(or_mask, _check_each(mods))
+    return _combined(_or_mask, mods)
 
 
-def _check_each(mods: tuple[MaskMod, ...]) -> SizeCheck:
-    def check(nb: int, nh: int, lq: int, lk: int) -> None:
-        for mod in mods:
-            check_sizes(mod, batch=nb, heads=nh, lq=lq, lk=lk)
+# Module-level functions bound by functools.partial, not closures: a block
+# mask built from a combination then pickles with the standard library.
+def _combined(fn: Callable[..., Array], mods: tuple[MaskMod, ...]) -> MaskMod:
+    mod = functools.partial(fn, mods)
+    mod.__name__ = fn.__name__.lstrip("_")  # type: ignore[attr-defined]
+    return sized(mod, functools.partial(_check_each, mods))
 
-    return check
+
+def _and_mask(mods: tuple[MaskMod, ...], b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
+    if not mods:
+        return q_idx == q_idx  # True everywhere, in the caller's library, by operators alone
+    result = mods[0](b, h, q_idx, kv_idx)
+    for mod in mods[1:]:
+        result = result & mod(b, h, q_idx, kv_idx)
+    return result
+
+
+def _or_mask(mods: tuple[MaskMod, ...], b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
+    if not mods:
+        return q_idx != q_idx  # False everywhere
+    result = mods[0](b, h, q_idx, kv_idx)
+    for mod in mods[1:]:
+        result = result | mod(b, h, q_idx, kv_idx)
+    return result
+
+
+def _check_each(mods: tuple[MaskMod, ...], nb: int, nh: int, lq: int, lk: int) -> None:
+    for mod in mods:
+        check_sizes(mod, batch=nb, heads=nh, lq=lq, lk=lk)

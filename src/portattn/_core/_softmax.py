@@ -201,10 +201,13 @@ def masked_softmax(
 
 
 def lse_from(row_max: Array, total: Array, *, xp: Namespace) -> Array:
-    """``max + log(sum)``, ``-inf`` where the row saw nothing; shapes (..., Lq, 1) -> (..., Lq)."""
-    seen = total > 0
-    lse = row_max + xp.log(xp.where(seen, total, 1.0))
-    lse = xp.where(seen, lse, -math.inf)
+    """``max + log(sum)``, ``-inf`` where the row saw nothing; shapes (..., Lq, 1) -> (..., Lq).
+
+    A NaN sum (a NaN input or sink) stays NaN: ``-inf`` means "saw no key".
+    """
+    unseen = total == 0
+    lse = row_max + xp.log(xp.where(unseen, 1.0, total))
+    lse = xp.where(unseen, -math.inf, lse)
     return lse[..., 0]
 
 

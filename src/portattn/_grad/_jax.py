@@ -91,7 +91,10 @@ def _score_vjp(mods: Mods, fn: Any, consts: list[Array], tile: tuple[int, int]) 
 
 
 def mods_with(mods: Mods, fn: Any, consts: list[Array], tile: tuple[int, int]) -> Mods:
-    return dataclasses.replace(mods, score_mod=_padded(fn, consts, tile))
+    padded = _padded(fn, consts, tile)
+    # Errors about the mod's result name the user's mod, not this wrapper.
+    padded.__name__ = getattr(mods.score_mod, "__name__", type(mods.score_mod).__name__)
+    return dataclasses.replace(mods, score_mod=padded)
 
 
 def jax_blockwise(

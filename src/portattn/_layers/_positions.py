@@ -247,7 +247,8 @@ def rope_impl(
     b = _check_base(base)
     dev = device_of(x)
     if positions is None:
-        positions = xp.arange(length, dtype=xp.int64, device=dev)
+        # The default integer dtype: int64 is not JAX's without x64 (it warns and truncates).
+        positions = xp.arange(length, device=dev)
     else:
         _check_positions(positions, xp=xp)
         if int(positions.shape[-1]) != length:
@@ -303,7 +304,7 @@ def rope_heads(
     """
     length = int(q.shape[-2])
     if positions is None:
-        positions = xp.arange(offset, offset + length, dtype=xp.int64, device=device_of(q))
+        positions = xp.arange(offset, offset + length, device=device_of(q))  # default int dtype
     per_head = xp.reshape(positions, (*positions.shape[:-1], 1, length))  # (..., 1, L)
     q = rope_impl(q, per_head, layout=layout, base=base, xp=xp)
     k = rope_impl(k, per_head, layout=layout, base=base, xp=xp)

@@ -125,6 +125,9 @@ def refuse_non_array(name: str, x: Any) -> None:
     A ``numpy.ma.MaskedArray`` is an array to every check, but every array
     operation would silently ignore its mask: refused wherever arrays enter.
     """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return  # without array-api-compat's lru_cache'd check, which dynamo warns about
     if not is_array_api_obj(x):
         msg = (
             f"expected {name} to be an array, got {shown(x)}; portattn reads arrays of an "
@@ -217,7 +220,9 @@ def namespace_library(xp: ModuleType) -> str:
 
 # Every call asks, so memoise by the namespace's module name (a module itself
 # as a dict key stops torch.compile's tracing: dynamo cannot compare modules).
-_LIBRARY_BY_NAMESPACE: dict[str, str] = {}
+# torch's names are known up front: a first call may come while dynamo traces,
+# and dynamo warns at array-api-compat's functools.lru_cache-wrapped detectors.
+_LIBRARY_BY_NAMESPACE: dict[str, str] = {"torch": "torch", "array_api_compat.torch": "torch"}
 
 
 _DETECTORS = (

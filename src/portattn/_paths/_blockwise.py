@@ -32,8 +32,6 @@ from .._lib._compat import (
     device_of,
     host_float,
     is_concrete,
-    is_dask_namespace,
-    is_numpy_namespace,
     is_writeable_array,
     namespace_library,
     on_accelerator,
@@ -105,7 +103,10 @@ def blockwise_attention(
     if p.lk == 0 or p.lq == 0 or math.prod(p.batch) == 0:
         return empty_result(p, xp=xp)
     concrete = is_concrete(p.q)
-    if not concrete and not is_dask_namespace(xp):
+    # namespace_library, memoised by name: dynamo warns at every call of
+    # array-api-compat's functools.lru_cache-wrapped is_*_namespace.
+    lib = namespace_library(xp)
+    if not concrete and lib != "dask":
         bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk, mods=p.mods)
     k_t = xp.matrix_transpose(p.k)  # (..., d, Lk)
     v = _with_ones_column(p.v, xp=xp) if _sum_in_matmul(p, xp=xp) else p.v
@@ -118,11 +119,11 @@ def blockwise_attention(
     # batch shape (a mask or lengths may carry batch axes the inputs lack).
     # Immutable arrays (JAX) and lazy or traced ones get the blocks
     # concatenated: a graph then keeps the inputs' chunks (dask) and holds no
-    # scatter into a fresh buffer.
+    # scatter into a fresh buffer. So do blocks that are not concrete while q
+    # is: torch.func.vmap over k, v, a bias, sinks or a tensor a mod captures
+    # batches them, and a buffer built like q could not take them.
     in_place = concrete and is_writeable_array(p.q)
-    if in_place:
-        out = xp.empty((*p.batch, p.lq, p.dv), dtype=p.q.dtype, device=p.device)
-        lse = xp.empty((*p.batch, p.lq), dtype=p.q.dtype, device=p.device)
+    out = lse = None
     outs, lses = [], []
     ends = dict(spans)
     starts = [q0 for q0, _ in spans]
@@ -132,20 +133,27 @@ def blockwise_attention(
 
     # NumPy only: eager, no autograd, and its ufuncs run on one core (_lib._threads).
     workers = 1
-    if is_numpy_namespace(xp):
+    if lib == "numpy":
         work = math.prod(p.batch) * p.lq * p.lk * (p.q.shape[-1] + p.dv)
         workers = pool_workers(len(starts), work)
     for q0, (out_blk, lse_blk) in zip(
         starts, map_blocks(one, starts, workers=workers), strict=True
     ):
         q1 = ends[q0]
+        if in_place and out is None:
+            in_place = is_concrete(out_blk)
+            if in_place:
+                out = xp.empty((*p.batch, p.lq, p.dv), dtype=p.q.dtype, device=p.device)
+                lse = xp.empty((*p.batch, p.lq), dtype=p.q.dtype, device=p.device)
         if in_place:
+            assert out is not None
+            assert lse is not None
             out[..., q0:q1, :] = out_blk
             lse[..., q0:q1] = lse_blk
         else:
             outs.append(expand(out_blk, (*p.batch, q1 - q0, p.dv), xp=xp))
             lses.append(expand(lse_blk, (*p.batch, q1 - q0), xp=xp))
-    if not in_place:
+    if out is None or lse is None:
         return xp.concat(outs, axis=-2), xp.concat(lses, axis=-1)
     return out, lse
 
@@ -297,6 +305,9 @@ def _query_block(
     # The row max may be subtracted in place on real, writeable tiles that
     # autograd has not saved (checked per tile: s.requires_grad).
     mutable = is_concrete(qb) and is_writeable_array(qb)
+    # A score_mod's result may be a read-only broadcast, or an array it
+    # captured: the tile is ours to overwrite only once xp.where made it anew.
+    foreign = p.mods is not None and p.mods.score_mod is not None
     for k0, k1 in tile_spans(lo, hi, bk, phase=_phase(p, 1, bk)):
         kind = p.kind(q0, q1, k0, k1)
         if kind == EMPTY:  # the block mask hides the tile: its keys are never read
@@ -313,7 +324,8 @@ def _query_block(
         shift = row_shift(m_new, xp=xp) if hides else m_new
         # In place only on a tile autograd cannot have saved (it may keep s
         # for the row max's gradient): NumPy's, or a tensor needing no grad.
-        scratch = mutable and not getattr(s, "requires_grad", False)
+        scratch = mutable and not (foreign and allowed is None)
+        scratch = scratch and not getattr(s, "requires_grad", False)
         if scratch:
             s -= shift
         else:

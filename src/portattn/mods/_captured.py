@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
+from .._core._mods import sized
 from .._lib._checks import check_array, dtype_name, has_kind
 from .._lib._compat import array_namespace
 from .._lib._typing import Array, Namespace
 
-__all__ = ["captured", "too_short"]
+__all__ = ["captured", "module_level", "too_short"]
 
 
 def captured(name: str, x: object, *, kind: str, ranks: tuple[int, ...]) -> tuple[Array, Namespace]:
@@ -33,3 +37,23 @@ def too_short(mod: str, name: str, got: int, want: str) -> None:
     """
     msg = f"expected the {name} captured by {mod} to have {want}, got {got}"
     raise ValueError(msg)
+
+
+def module_level(
+    fn: Callable[..., Array],
+    *args: object,
+    name: str,
+    check: Callable[..., None] | None = None,
+) -> Callable[..., Array]:
+    """``fn`` with ``args`` bound first, as a ``functools.partial`` named ``name``.
+
+    ``fn`` (and ``check``, which gets the same ``args`` then ``B, H, Lq,
+    Lk``) are module-level functions, so the mod and a block mask built
+    from it pickle with the standard library (multiprocessing,
+    ``torch.save``); a closure would not.
+    """
+    mod = functools.partial(fn, *args)
+    mod.__name__ = name  # type: ignore[attr-defined]
+    if check is None:
+        return mod
+    return sized(mod, functools.partial(check, *args))

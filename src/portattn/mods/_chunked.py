@@ -5,6 +5,7 @@ from __future__ import annotations
 from .._core._mods import MaskMod
 from .._lib._checks import check_int
 from .._lib._typing import Array
+from ._captured import module_level
 
 __all__ = ["chunked"]
 
@@ -35,8 +36,8 @@ def chunked(chunk_size: int, /) -> MaskMod:
     """
     size = check_int("chunk_size", chunk_size, minimum=1)
 
-    def chunked_mask(b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
-        return q_idx // size == kv_idx // size
+    return module_level(_chunked_mask, size, name=f"chunked({size})")
 
-    chunked_mask.__qualname__ = f"chunked({size})"
-    return chunked_mask
+
+def _chunked_mask(size: int, b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
+    return q_idx // size == kv_idx // size

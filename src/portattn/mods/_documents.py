@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .._core._mods import MaskMod, sized
+from .._core._mods import MaskMod
 from .._lib._typing import Array
-from ._captured import captured, too_short
+from ._captured import captured, module_level, too_short
 
 __all__ = ["documents"]
 
@@ -54,24 +54,28 @@ def documents(ids: Array, /, kv_ids: Array | None = None) -> MaskMod:
             )
             raise ValueError(msg)
 
-    if q_ids.ndim == 1:
+    fn = _document_mask if q_ids.ndim == 1 else _document_rows_mask
+    kv_name = "ids" if kv_ids is None else "kv_ids"
+    return module_level(fn, q_ids, k_ids, kv_name, name="document_mask", check=_check)
 
-        def document_mask(b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
-            return q_ids[q_idx] == k_ids[kv_idx]
 
-    else:
+def _document_mask(
+    q_ids: Array, k_ids: Array, kv_name: str, b: Array, h: Array, q_idx: Array, kv_idx: Array
+) -> Array:
+    return q_ids[q_idx] == k_ids[kv_idx]
 
-        def document_mask(b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
-            return q_ids[b, q_idx] == k_ids[b, kv_idx]
 
-    def check(nb: int, nh: int, lq: int, lk: int) -> None:
-        name = "mods.documents"
-        if q_ids.shape[-1] < lq:
-            too_short(name, "ids", q_ids.shape[-1], f"an id for every query position, Lq={lq}")
-        if k_ids.shape[-1] < lk:
-            which = "ids" if kv_ids is None else "kv_ids"
-            too_short(name, which, k_ids.shape[-1], f"an id for every key position, Lk={lk}")
-        if q_ids.ndim == 2 and q_ids.shape[0] < nb:
-            too_short(name, "ids", q_ids.shape[0], f"a row for every batch entry, B={nb}")
+def _document_rows_mask(
+    q_ids: Array, k_ids: Array, kv_name: str, b: Array, h: Array, q_idx: Array, kv_idx: Array
+) -> Array:
+    return q_ids[b, q_idx] == k_ids[b, kv_idx]
 
-    return sized(document_mask, check)
+
+def _check(q_ids: Array, k_ids: Array, kv_name: str, nb: int, nh: int, lq: int, lk: int) -> None:
+    name = "mods.documents"
+    if q_ids.shape[-1] < lq:
+        too_short(name, "ids", q_ids.shape[-1], f"an id for every query position, Lq={lq}")
+    if k_ids.shape[-1] < lk:
+        too_short(name, kv_name, k_ids.shape[-1], f"an id for every key position, Lk={lk}")
+    if q_ids.ndim == 2 and q_ids.shape[0] < nb:
+        too_short(name, "ids", q_ids.shape[0], f"a row for every batch entry, B={nb}")

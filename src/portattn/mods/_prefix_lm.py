@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numbers
 
-from .._core._mods import MaskMod, sized
+from .._core._mods import MaskMod
 from .._lib._checks import check_int
 from .._lib._typing import Array
-from ._captured import captured, too_short
+from ._captured import captured, module_level, too_short
 
 __all__ = ["prefix_lm"]
 
@@ -41,22 +41,22 @@ def prefix_lm(prefix: int | Array, /) -> MaskMod:
     """
     if isinstance(prefix, numbers.Integral) and not isinstance(prefix, bool):
         n = check_int("prefix", prefix, minimum=0)
-
-        def prefix_lm_mask(b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
-            return (kv_idx < n) | (q_idx >= kv_idx)
-
-        prefix_lm_mask.__qualname__ = f"prefix_lm({n})"
-        return prefix_lm_mask
+        return module_level(_prefix_lm_mask, n, name=f"prefix_lm({n})")
     if isinstance(prefix, bool):
         msg = f"expected prefix to be a non-negative int or an integer array, got {prefix!r}"
         raise ValueError(msg)
     lengths, _ = captured("prefix", prefix, kind="integral", ranks=(1,))
+    return module_level(_prefix_lm_rows, lengths, name="prefix_lm_rows", check=_check_rows)
 
-    def prefix_lm_rows(b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
-        return (kv_idx < lengths[b]) | (q_idx >= kv_idx)
 
-    def check(nb: int, nh: int, lq: int, lk: int) -> None:
-        if lengths.shape[0] < nb:
-            too_short("mods.prefix_lm", "prefix", lengths.shape[0], f"one per batch row, B={nb}")
+def _prefix_lm_mask(n: int, b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
+    return (kv_idx < n) | (q_idx >= kv_idx)
 
-    return sized(prefix_lm_rows, check)
+
+def _prefix_lm_rows(lengths: Array, b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
+    return (kv_idx < lengths[b]) | (q_idx >= kv_idx)
+
+
+def _check_rows(lengths: Array, nb: int, nh: int, lq: int, lk: int) -> None:
+    if lengths.shape[0] < nb:
+        too_short("mods.prefix_lm", "prefix", lengths.shape[0], f"one per batch row, B={nb}")

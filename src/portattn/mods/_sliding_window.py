@@ -5,6 +5,7 @@ from __future__ import annotations
 from .._core._mods import MaskMod
 from .._lib._checks import check_int
 from .._lib._typing import Array
+from ._captured import module_level
 
 __all__ = ["sliding_window"]
 
@@ -37,8 +38,10 @@ def sliding_window(left: int, right: int = 0, /) -> MaskMod:
     lo = check_int("left", left, minimum=0)
     hi = check_int("right", right, minimum=0)
 
-    def sliding_window_mask(b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
-        return (q_idx - kv_idx <= lo) & (kv_idx - q_idx <= hi)
+    return module_level(_sliding_window_mask, lo, hi, name=f"sliding_window({lo}, {hi})")
 
-    sliding_window_mask.__qualname__ = f"sliding_window({lo}, {hi})"
-    return sliding_window_mask
+
+def _sliding_window_mask(
+    lo: int, hi: int, b: Array, h: Array, q_idx: Array, kv_idx: Array
+) -> Array:
+    return (q_idx - kv_idx <= lo) & (kv_idx - q_idx <= hi)

@@ -34,8 +34,9 @@ def t5_buckets(
     else:
         rel = -np.minimum(rel, 0)
     exact = n // 2
-    with np.errstate(divide="ignore"):  # log(0) lands in the exact branch, never read
-        ratio = np.log(rel.astype(np.float32) / np.float32(exact))
+    # Below `exact` the ratio is never read: log(1) there, so no flag is raised
+    # and no np.errstate is needed (torch.compile cannot trace one).
+    ratio = np.log(np.maximum(rel, exact).astype(np.float32) / np.float32(exact))
     scaled = ratio / np.float32(math.log(max_distance / exact)) * np.float32(n - exact)
     large = exact + np.where(rel < exact, 0, scaled).astype(np.int64)
     return out + np.where(rel < exact, rel, np.minimum(large, n - 1))
