@@ -138,6 +138,8 @@ def test_page_loads_offline_in_both_schemes(
         )
         assert clipped == [], f"display formulas wider than the page at {DESKTOP} px: {clipped}"
         readable(page)
+        if scheme == "light":  # the layout is the scheme's; checked once, not twice
+            assert_code_titles_and_copy_buttons(page)
         page.screenshot(
             path=str(screenshots / f"{_shot_name(page_path)}-{scheme}.png"), full_page=True
         )
@@ -170,40 +172,36 @@ def test_page_fits_a_phone(browser: Any, base_url: str, screenshots: Path, page_
         page.context.close()
 
 
-def test_code_titles_and_copy_buttons(browser: Any, base_url: str, page_path: str) -> None:
+def assert_code_titles_and_copy_buttons(page: Any) -> None:
     """Quoted source is titled with its repository path, and no copy button sits on code."""
-    page, _ = _open(browser, f"{base_url}/{page_path}")
-    try:
-        titles = page.locator("article .highlight .filename").all_inner_texts()
-        for title in titles:
-            assert "site-packages" not in title, title
-            if title.endswith(".py") or ".py," in title:
-                assert re.match(r"src/portattn/\S+\.py, (line \d+|lines \d+ to \d+)$", title), title
-        overlaps = page.evaluate(
-            """() => {
-              const bad = [];
-              for (const pre of document.querySelectorAll('article pre')) {
-                const button = pre.querySelector('.md-clipboard, .md-code__button');
-                const code = pre.querySelector('code');
-                if (!button || !code || button.getBoundingClientRect().width === 0) continue;
-                const b = button.getBoundingClientRect();
-                const range = document.createRange();
-                range.selectNodeContents(code);
-                for (const r of range.getClientRects()) {
-                  if (r.width === 0) continue;
-                  const across = r.left < b.right && r.right > b.left;
-                  if (across && r.top < b.bottom && r.bottom > b.top) {
-                    bad.push(code.textContent.slice(0, 40));
-                    break;
-                  }
-                }
+    titles = page.locator("article .highlight .filename").all_inner_texts()
+    for title in titles:
+        assert "site-packages" not in title, title
+        if title.endswith(".py") or ".py," in title:
+            assert re.match(r"src/portattn/\S+\.py, (line \d+|lines \d+ to \d+)$", title), title
+    overlaps = page.evaluate(
+        """() => {
+          const bad = [];
+          for (const pre of document.querySelectorAll('article pre')) {
+            const button = pre.querySelector('.md-clipboard, .md-code__button');
+            const code = pre.querySelector('code');
+            if (!button || !code || button.getBoundingClientRect().width === 0) continue;
+            const b = button.getBoundingClientRect();
+            const range = document.createRange();
+            range.selectNodeContents(code);
+            for (const r of range.getClientRects()) {
+              if (r.width === 0) continue;
+              const across = r.left < b.right && r.right > b.left;
+              if (across && r.top < b.bottom && r.bottom > b.top) {
+                bad.push(code.textContent.slice(0, 40));
+                break;
               }
-              return bad;
-            }"""
-        )
-        assert overlaps == [], f"copy button over code text: {overlaps}"
-    finally:
-        page.context.close()
+            }
+          }
+          return bad;
+        }"""
+    )
+    assert overlaps == [], f"copy button over code text: {overlaps}"
 
 
 # -- the chapter ----------------------------------------------------------------
