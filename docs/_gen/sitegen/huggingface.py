@@ -6,7 +6,9 @@ model tests (tests/test_hf_models.py) assert, on the same tiny random models.
 
 from __future__ import annotations
 
+import dataclasses
 import html
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,6 +18,8 @@ from typing import Any
 import torch
 
 from portattn.integrations import transformers as hf
+
+from .diskcache import cache_dir, code_key, write_atomic
 
 LENGTHS = (12, 9, 5)  # three sequences, left-padded to 12: longer than the windows (4)
 NEW_TOKENS = 16
@@ -74,9 +78,21 @@ def _one_thread() -> Iterator[None]:
 
 @cache
 def support(arch: str) -> Support:
-    """Run ``arch`` with portattn and its references: logits, greedy generation, gradients."""
+    """Run ``arch`` with portattn and its references: logits, greedy generation, gradients.
+
+    Kept on disk between builds (``sitegen.diskcache``), keyed by this file,
+    portattn's source and the torch and transformers versions: the six
+    architectures cost tens of seconds of CPU and change only with the code.
+    """
+    key = code_key(__file__, libraries=("torch", "transformers"), extra=arch)
+    path = cache_dir("huggingface") / f"{arch}-{key}.json"
+    if path.is_file():
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        return Support(**{**stored, "generate": tuple(stored["generate"])})
     with _one_thread():
-        return _support(arch)
+        got = _support(arch)
+    write_atomic(path, json.dumps(dataclasses.asdict(got)).encode())
+    return got
 
 
 def _support(arch: str) -> Support:
