@@ -32,12 +32,21 @@
 
   function markScrolling() {
     var lang = (document.documentElement.lang || "en").slice(0, 2) === "ja" ? "ja" : "en";
-    document.querySelectorAll(".md-typeset__scrollwrap, .pa-table-wrap").forEach(function (box) {
+    /* Material wraps a table in a scrolling box, but the table scrolls itself
+       too (overflow: auto): whichever of the two overflows gets the mark, and
+       the cue goes above the outer box. */
+    var boxes = ".md-typeset__scrollwrap, .pa-table-wrap, article table";
+    document.querySelectorAll(boxes).forEach(function (box) {
       var scrolls = box.scrollWidth > box.clientWidth + 1;
-      box.classList.toggle("pa-scrolls", scrolls);
-      var cue = box.previousElementSibling;
+      /* an attribute, not a class: Material styles tables by table:not([class]) */
+      if (scrolls) box.setAttribute("data-pa-scrolls", "");
+      else box.removeAttribute("data-pa-scrolls");
+    });
+    document.querySelectorAll(".md-typeset__scrollwrap, .pa-table-wrap").forEach(function (wrap) {
+      var scrolls = wrap.hasAttribute("data-pa-scrolls") || !!wrap.querySelector("[data-pa-scrolls]");
+      var cue = wrap.previousElementSibling;
       var has = cue && cue.classList.contains("pa-scroll-cue");
-      if (scrolls && !has) box.parentNode.insertBefore(el("p", { "class": "pa-scroll-cue" }, CUE[lang]), box);
+      if (scrolls && !has) wrap.parentNode.insertBefore(el("p", { "class": "pa-scroll-cue" }, CUE[lang]), wrap);
       if (!scrolls && has) cue.remove();
     });
   }
@@ -49,10 +58,14 @@
       var math = box.querySelector("math");
       if (!math) return;
       math.style.fontSize = "";
-      var room = box.clientWidth, need = math.getBoundingClientRect().width;
-      if (room > 0 && need > room) {
-        var base = parseFloat(getComputedStyle(math).fontSize);
-        math.style.fontSize = Math.max(0.6, (room - 2) / need) * base + "px";
+      var base = parseFloat(getComputedStyle(math).fontSize);
+      /* The formula's own width is the box's scroll width (a block <math> is as
+         wide as its box); shrink it in a few steps, not below 60 %. */
+      for (var i = 0; i < 4 && box.scrollWidth > box.clientWidth + 1; i++) {
+        var size = parseFloat(getComputedStyle(math).fontSize);
+        var next = Math.max(0.6 * base, size * (box.clientWidth - 2) / box.scrollWidth);
+        if (next >= size) break;
+        math.style.fontSize = next + "px";
       }
     });
   }

@@ -16,7 +16,7 @@ MIN_FIGURE_PX = 11.0
 # Table cells holding a number (a measurement) that the reader cannot see
 # without scrolling, and whose table does not say it scrolls: the cell lies
 # right of the viewport or of a box that clips it, and the nearest scrolling
-# box is not marked ``pa-scrolls`` with its visible cue
+# box is not marked ``data-pa-scrolls`` with its visible cue
 # (docs/assets/widgets.js adds both).
 HIDDEN_MEASUREMENTS = """() => {
   const W = document.documentElement.clientWidth;
@@ -33,8 +33,9 @@ HIDDEN_MEASUREMENTS = """() => {
       if (!scroller && p.scrollWidth > p.clientWidth + 1) scroller = p;
     }
     if (r.right <= right + 1) continue;
-    const cue = scroller && scroller.previousElementSibling;
-    const cued = scroller && scroller.classList.contains('pa-scrolls') && cue
+    const wrap = scroller && (scroller.closest('.md-typeset__scrollwrap, .pa-table-wrap') || scroller);
+    const cue = wrap && wrap.previousElementSibling;
+    const cued = scroller && scroller.hasAttribute('data-pa-scrolls') && cue
       && cue.classList.contains('pa-scroll-cue') && cue.checkVisibility();
     const out_by = Math.round(r.right - right);
     if (!cued) out.push(`${td.textContent.trim().slice(0, 24)} (${out_by} px out)`);

@@ -76,7 +76,7 @@ def test_a_japanese_search_finds_the_chapter_first_in_japanese(
         box = page.locator("input.md-search__input")
         box.fill("因果マスク")
         items = page.locator(".md-search-result__item > a")
-        items.first.wait_for(timeout=20_000)
+        items.first.wait_for(timeout=90_000)  # the worker indexes both editions first
         links = items.evaluate_all("as => as.map(a => new URL(a.href).pathname)")
         assert "/ja/chapter/" in links, links
         # The reader's language first: every Japanese page before any English one.
