@@ -33,7 +33,8 @@ HIDDEN_MEASUREMENTS = """() => {
       if (!scroller && p.scrollWidth > p.clientWidth + 1) scroller = p;
     }
     if (r.right <= right + 1) continue;
-    const wrap = scroller && (scroller.closest('.md-typeset__scrollwrap, .pa-table-wrap') || scroller);
+    const outer = '.md-typeset__scrollwrap, .pa-table-wrap';
+    const wrap = scroller && (scroller.closest(outer) || scroller);
     const cue = wrap && wrap.previousElementSibling;
     const cued = scroller && scroller.hasAttribute('data-pa-scrolls') && cue
       && cue.classList.contains('pa-scroll-cue') && cue.checkVisibility();
