@@ -72,9 +72,10 @@ def test_a_japanese_search_finds_the_chapter_first_in_japanese(
 
     page, visit = open_page(browser, f"{base_url}/ja/", width=1400)
     try:
-        page.locator("label[for=__search]").first.click()
         box = page.locator("input.md-search__input")
-        box.fill("因果マスク")
+        box.click()  # the header's search field, shown at desktop width
+        box.fill("因果マスク")  # typed as an input method commits it: one insertion
+        box.press("End")  # and a keyup, which Material's search listens for
         items = page.locator(".md-search-result__item > a")
         items.first.wait_for(timeout=90_000)  # the worker indexes both editions first
         links = items.evaluate_all("as => as.map(a => new URL(a.href).pathname)")
