@@ -83,7 +83,7 @@
     var sharp = el("p", { class: "pa-pg-sharp", "aria-live": "polite" });
 
     /* The curve: both columns of the √d measurement for the chosen initialisation. */
-    var W = 340, H = 210, L = 46, R = 12, T = 12, B = 40;
+    var W = 340, H = 210, L = 58, R = 12, T = 12, B = 40;
     var plot = svg("svg", {
       viewBox: "0 0 " + W + " " + H, class: "pa-figure pa-pg-curve", role: "img",
       "aria-label": text.curve_y
@@ -123,6 +123,9 @@
         curves.appendChild(svg("text", { x: x(d), y: H - B + 16, "text-anchor": "middle" }, String(d)));
       });
       curves.appendChild(svg("text", { x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle" }, text.curve_x));
+      curves.appendChild(svg("text", {
+        x: -(T + H - B) / 2, y: 14, "text-anchor": "middle", transform: "rotate(-90)"
+      }, text.curve_y));
       curves.appendChild(svg("line", {
         x1: L, x2: W - R, y1: y(1 / data.seq_len), y2: y(1 / data.seq_len), class: "pa-pg-uniform"
       }));
@@ -137,9 +140,13 @@
       var v = curve[c.scaled][k];
       curves.appendChild(svg("circle", { cx: x(c.d), cy: y(v), r: 6, class: "pa-pg-dot" }));
       var label = (c.scaled === "scaled" ? text.scaled : text.unscaled) + ": " + v.toFixed(3);
+      /* The curves rise with d: on the left half the label goes below the dot,
+         where the line it extends over is higher; on the right half, above. */
+      var right = x(c.d) > W / 2;
       curves.appendChild(svg("text", {
-        x: Math.min(x(c.d), W - R - 4), y: Math.max(y(v) - 12, T + 10),
-        "text-anchor": x(c.d) > W / 2 ? "end" : "start", class: "pa-pg-dot-label"
+        x: right ? x(c.d) - 8 : x(c.d) + 8,
+        y: right ? Math.max(y(v) - 12, T + 10) : Math.min(y(v) + 20, H - B - 4),
+        "text-anchor": right ? "end" : "start", class: "pa-pg-dot-label"
       }, label));
     }
 

@@ -25,4 +25,81 @@
   }
 
   window.portattnWidgets = { el: el, colour: colour };
+
+  /* A table wider than its box scrolls sideways; say so above it, in the
+     page's language, and keep saying so while it does (resizes included). */
+  var CUE = { en: "Scroll sideways for more columns \u2192", ja: "横にスクロールすると続きの列がある \u2192" };
+
+  function markScrolling() {
+    var lang = (document.documentElement.lang || "en").slice(0, 2) === "ja" ? "ja" : "en";
+    /* Material wraps a table in a scrolling box, but the table scrolls itself
+       too (overflow: auto): whichever of the two overflows gets the mark, and
+       the cue goes above the outer box. */
+    var boxes = ".md-typeset__scrollwrap, .pa-table-wrap, article table";
+    document.querySelectorAll(boxes).forEach(function (box) {
+      var scrolls = box.scrollWidth > box.clientWidth + 1;
+      /* an attribute, not a class: Material styles tables by table:not([class]) */
+      if (scrolls) box.setAttribute("data-pa-scrolls", "");
+      else box.removeAttribute("data-pa-scrolls");
+    });
+    document.querySelectorAll(".md-typeset__scrollwrap, .pa-table-wrap").forEach(function (wrap) {
+      var scrolls = wrap.hasAttribute("data-pa-scrolls") || !!wrap.querySelector("[data-pa-scrolls]");
+      var cue = wrap.previousElementSibling;
+      var has = cue && cue.classList.contains("pa-scroll-cue");
+      if (scrolls && !has) wrap.parentNode.insertBefore(el("p", { "class": "pa-scroll-cue" }, CUE[lang]), wrap);
+      if (!scrolls && has) cue.remove();
+    });
+  }
+
+  /* Display formulas wider than the column (phones) are scaled down to fit,
+     never below 60 %; what still does not fit scrolls inside its box. */
+  function fitMaths() {
+    document.querySelectorAll(".pa-math-block").forEach(function (box) {
+      var math = box.querySelector("math");
+      if (!math) return;
+      math.style.fontSize = "";
+      var base = parseFloat(getComputedStyle(math).fontSize);
+      /* The formula's own width is the box's scroll width (a block <math> is as
+         wide as its box); shrink it in a few steps, not below 60 %. */
+      for (var i = 0; i < 4 && box.scrollWidth > box.clientWidth + 1; i++) {
+        var size = parseFloat(getComputedStyle(math).fontSize);
+        var next = Math.max(0.6 * base, size * (box.clientWidth - 2) / box.scrollWidth);
+        if (next >= size) break;
+        math.style.fontSize = next + "px";
+      }
+    });
+  }
+
+  /* Search: the index holds both editions, so list the pages of the reader's
+     language first (Material ranks by score alone), keeping each group's order. */
+  function ownLanguageFirst(list) {
+    var ja = (document.documentElement.lang || "").slice(0, 2) === "ja";
+    var items = Array.prototype.slice.call(list.children);
+    var mine = function (li) {
+      var a = li.querySelector("a");
+      var inJa = !!a && new URL(a.href, location.href).pathname.indexOf("/ja/") >= 0;
+      return inJa === ja;
+    };
+    var sorted = items.filter(mine).concat(items.filter(function (li) { return !mine(li); }));
+    if (sorted.some(function (li, i) { return li !== items[i]; }))
+      sorted.forEach(function (li) { list.appendChild(li); });
+  }
+
+  function watchSearch() {
+    var list = document.querySelector(".md-search-result__list");
+    if (!list) return;
+    new MutationObserver(function () { ownLanguageFirst(list); })
+      .observe(list, { childList: true });
+  }
+
+  function layout() { fitMaths(); markScrolling(); }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", watchSearch);
+  else watchSearch();
+  var pending = null;
+  window.addEventListener("load", layout);
+  window.addEventListener("resize", function () {
+    clearTimeout(pending);
+    pending = setTimeout(layout, 100);
+  });
+  if (document.readyState === "complete") layout();
 })();

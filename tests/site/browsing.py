@@ -11,7 +11,71 @@ from urllib.parse import urlsplit
 
 PHONE = 390
 DESKTOP = 1400
-MIN_FIGURE_PX = 9.0
+MIN_FIGURE_PX = 11.0
+
+# Table cells holding a number (a measurement) that the reader cannot see
+# without scrolling, and whose table does not say it scrolls: the cell lies
+# right of the viewport or of a box that clips it, and the nearest scrolling
+# box is not marked ``data-pa-scrolls`` with its visible cue
+# (docs/assets/widgets.js adds both).
+HIDDEN_MEASUREMENTS = """() => {
+  const W = document.documentElement.clientWidth;
+  const out = [];
+  for (const td of document.querySelectorAll('article td')) {
+    if (!/\\d/.test(td.textContent) || !td.checkVisibility()) continue;
+    const r = td.getBoundingClientRect();
+    if (r.width === 0) continue;
+    let right = W, scroller = null;
+    for (let p = td.parentElement; p && p !== document.body; p = p.parentElement) {
+      const ox = getComputedStyle(p).overflowX;
+      if (ox === 'visible') continue;
+      right = Math.min(right, p.getBoundingClientRect().right);
+      if (!scroller && p.scrollWidth > p.clientWidth + 1) scroller = p;
+    }
+    if (r.right <= right + 1) continue;
+    const outer = '.md-typeset__scrollwrap, .pa-table-wrap';
+    const wrap = scroller && (scroller.closest(outer) || scroller);
+    const cue = wrap && wrap.previousElementSibling;
+    const cued = scroller && scroller.hasAttribute('data-pa-scrolls') && cue
+      && cue.classList.contains('pa-scroll-cue') && cue.checkVisibility();
+    const out_by = Math.round(r.right - right);
+    if (!cued) out.push(`${td.textContent.trim().slice(0, 24)} (${out_by} px out)`);
+  }
+  return out;
+}"""
+
+# The smallest rendered text in figures: SVG text scaled by its transform to
+# the screen, and HTML text inside figures at its computed size.
+SMALLEST_TEXT = """() => {
+  const out = [];
+  const visible = e => {
+    const r = e.getBoundingClientRect();
+    if (r.width === 0 || r.height === 0) return false;
+    for (let p = e; p; p = p.parentElement) {
+      const cs = getComputedStyle(p);
+      if (cs.display === 'none' || cs.visibility === 'hidden') return false;
+    }
+    return true;
+  };
+  for (const t of document.querySelectorAll('article svg text, article svg tspan')) {
+    if (!t.textContent.trim() || !visible(t)) continue;
+    const m = t.getScreenCTM();
+    const scale = Math.sqrt(Math.abs(m.a * m.d - m.b * m.c));
+    out.push({px: parseFloat(getComputedStyle(t).fontSize) * scale,
+              text: t.textContent.trim().slice(0, 30)});
+  }
+  for (const f of document.querySelectorAll('article figure')) {
+    const walker = document.createTreeWalker(f, NodeFilter.SHOW_TEXT);
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+      const e = n.parentElement;
+      if (!n.textContent.trim() || e.closest('svg, noscript, script') || !visible(e)) continue;
+      out.push({px: parseFloat(getComputedStyle(e).fontSize),
+                text: n.textContent.trim().slice(0, 30)});
+    }
+  }
+  out.sort((a, b) => a.px - b.px);
+  return out.slice(0, 5);
+}"""
 
 
 @dataclass
@@ -70,3 +134,40 @@ def table(page: Any, name: str) -> list[list[str]]:
     return page.locator(f'table[data-pa-table="{name}"] tbody tr').evaluate_all(
         "rows => rows.map(r => [...r.cells].map(c => c.textContent.trim()))"
     )
+
+
+# Cells the mask hides, on every heatmap of the page, that could be read as a
+# weight of 0: the HTML grids (chapter widget, playground) must hatch them on
+# a colour viridis never takes at 0 (#440154), and the SVG heatmaps drawn by
+# docs/_gen/sitegen/attnmap.py must fill them with the hatch pattern.
+MASKED_LIKE_ZERO = """() => {
+  const zero = 'rgb(68, 1, 84)';
+  const bad = [];
+  for (const c of document.querySelectorAll('article .pa-hm-cell.pa-hm-hidden')) {
+    const cs = getComputedStyle(c);
+    if (!cs.backgroundImage.includes('repeating-linear-gradient') || cs.backgroundColor === zero)
+      bad.push(`grid cell ${c.dataset.row},${c.dataset.col}: ${cs.backgroundColor}`);
+  }
+  for (const g of document.querySelectorAll('article svg [id*="pa-attn-masked"]')) {
+    for (const p of g.querySelectorAll('path')) {
+      const fill = getComputedStyle(p).fill;
+      if (!fill.startsWith('url(')) bad.push(`${g.id}: fill ${fill}`);
+    }
+  }
+  return {bad: bad.slice(0, 5),
+          count: document.querySelectorAll(
+            'article .pa-hm-cell.pa-hm-hidden, article svg [id*="pa-attn-masked"] path').length};
+}"""
+
+
+def readable(page: Any) -> None:
+    """No hidden measurement, no figure text below MIN_FIGURE_PX, no masked cell read as 0."""
+    hidden = page.evaluate(HIDDEN_MEASUREMENTS)
+    assert hidden == [], f"measurements off-screen with no scroll cue: {hidden[:5]}"
+    smallest = page.evaluate(SMALLEST_TEXT)
+    if smallest:
+        assert smallest[0]["px"] >= MIN_FIGURE_PX, (
+            f"figure text below {MIN_FIGURE_PX} px: {smallest}"
+        )
+    masked = page.evaluate(MASKED_LIKE_ZERO)
+    assert masked["bad"] == [], f"masked cells drawn like a 0 weight: {masked['bad']}"

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from browsing import DESKTOP, MIN_FIGURE_PX, PHONE, Visit, table
+from browsing import DESKTOP, PHONE, Visit, readable, table
 from browsing import open_page as _open
 
 from portattn import chapter
@@ -55,39 +55,6 @@ def assert_figures_drawn(page: Any) -> int:
     assert empty == [], f"drawn with zero size: {empty}"
     return len(shown)
 
-
-# The smallest rendered text in figures: SVG text scaled by its transform to
-# the screen, and HTML text inside figures at its computed size.
-_SMALLEST_TEXT = """() => {
-  const out = [];
-  const visible = e => {
-    const r = e.getBoundingClientRect();
-    if (r.width === 0 || r.height === 0) return false;
-    for (let p = e; p; p = p.parentElement) {
-      const cs = getComputedStyle(p);
-      if (cs.display === 'none' || cs.visibility === 'hidden') return false;
-    }
-    return true;
-  };
-  for (const t of document.querySelectorAll('article svg text, article svg tspan')) {
-    if (!t.textContent.trim() || !visible(t)) continue;
-    const m = t.getScreenCTM();
-    const scale = Math.sqrt(Math.abs(m.a * m.d - m.b * m.c));
-    out.push({px: parseFloat(getComputedStyle(t).fontSize) * scale,
-              text: t.textContent.trim().slice(0, 30)});
-  }
-  for (const f of document.querySelectorAll('article figure')) {
-    const walker = document.createTreeWalker(f, NodeFilter.SHOW_TEXT);
-    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
-      const e = n.parentElement;
-      if (!n.textContent.trim() || e.closest('svg, noscript, script') || !visible(e)) continue;
-      out.push({px: parseFloat(getComputedStyle(e).fontSize),
-                text: n.textContent.trim().slice(0, 30)});
-    }
-  }
-  out.sort((a, b) => a.px - b.px);
-  return out.slice(0, 5);
-}"""
 
 # Elements that stick out to the right of the viewport, for the failure message.
 _WIDE = """w => [...document.querySelectorAll('body *')]
@@ -170,6 +137,9 @@ def test_page_loads_offline_in_both_schemes(
                 .map(b => b.querySelector('math').getAttribute('alttext').slice(0, 60))"""
         )
         assert clipped == [], f"display formulas wider than the page at {DESKTOP} px: {clipped}"
+        readable(page)
+        if scheme == "light":  # the layout is the scheme's; checked once, not twice
+            assert_code_titles_and_copy_buttons(page)
         page.screenshot(
             path=str(screenshots / f"{_shot_name(page_path)}-{scheme}.png"), full_page=True
         )
@@ -185,9 +155,15 @@ def test_page_fits_a_phone(browser: Any, base_url: str, screenshots: Path, page_
         assert width <= PHONE, (
             f"page is {width} px wide at {PHONE} px: {page.evaluate(_WIDE, PHONE)}"
         )
-        smallest = page.evaluate(_SMALLEST_TEXT)
-        if smallest:
-            assert smallest[0]["px"] >= MIN_FIGURE_PX, f"figure text below 9 px: {smallest}"
+        readable(page)
+        # Display formulas are scaled to the column (docs/assets/widgets.js), not cut.
+        cut = page.evaluate(
+            """() => [...document.querySelectorAll('.pa-math-block')]
+                .filter(b => b.getBoundingClientRect().width > 0)
+                .filter(b => b.scrollWidth > b.clientWidth + 1)
+                .map(b => b.querySelector('math').getAttribute('alttext').slice(0, 60))"""
+        )
+        assert cut == [], f"display formulas wider than the column at {PHONE} px: {cut}"
         (screenshots / "390").mkdir(exist_ok=True)
         page.screenshot(
             path=str(screenshots / "390" / f"{_shot_name(page_path)}.png"), full_page=True
@@ -196,40 +172,36 @@ def test_page_fits_a_phone(browser: Any, base_url: str, screenshots: Path, page_
         page.context.close()
 
 
-def test_code_titles_and_copy_buttons(browser: Any, base_url: str, page_path: str) -> None:
+def assert_code_titles_and_copy_buttons(page: Any) -> None:
     """Quoted source is titled with its repository path, and no copy button sits on code."""
-    page, _ = _open(browser, f"{base_url}/{page_path}")
-    try:
-        titles = page.locator("article .highlight .filename").all_inner_texts()
-        for title in titles:
-            assert "site-packages" not in title, title
-            if title.endswith(".py") or ".py," in title:
-                assert re.match(r"src/portattn/\S+\.py, (line \d+|lines \d+ to \d+)$", title), title
-        overlaps = page.evaluate(
-            """() => {
-              const bad = [];
-              for (const pre of document.querySelectorAll('article pre')) {
-                const button = pre.querySelector('.md-clipboard, .md-code__button');
-                const code = pre.querySelector('code');
-                if (!button || !code || button.getBoundingClientRect().width === 0) continue;
-                const b = button.getBoundingClientRect();
-                const range = document.createRange();
-                range.selectNodeContents(code);
-                for (const r of range.getClientRects()) {
-                  if (r.width === 0) continue;
-                  const across = r.left < b.right && r.right > b.left;
-                  if (across && r.top < b.bottom && r.bottom > b.top) {
-                    bad.push(code.textContent.slice(0, 40));
-                    break;
-                  }
-                }
+    titles = page.locator("article .highlight .filename").all_inner_texts()
+    for title in titles:
+        assert "site-packages" not in title, title
+        if title.endswith(".py") or ".py," in title:
+            assert re.match(r"src/portattn/\S+\.py, (line \d+|lines \d+ to \d+)$", title), title
+    overlaps = page.evaluate(
+        """() => {
+          const bad = [];
+          for (const pre of document.querySelectorAll('article pre')) {
+            const button = pre.querySelector('.md-clipboard, .md-code__button');
+            const code = pre.querySelector('code');
+            if (!button || !code || button.getBoundingClientRect().width === 0) continue;
+            const b = button.getBoundingClientRect();
+            const range = document.createRange();
+            range.selectNodeContents(code);
+            for (const r of range.getClientRects()) {
+              if (r.width === 0) continue;
+              const across = r.left < b.right && r.right > b.left;
+              if (across && r.top < b.bottom && r.bottom > b.top) {
+                bad.push(code.textContent.slice(0, 40));
+                break;
               }
-              return bad;
-            }"""
-        )
-        assert overlaps == [], f"copy button over code text: {overlaps}"
-    finally:
-        page.context.close()
+            }
+          }
+          return bad;
+        }"""
+    )
+    assert overlaps == [], f"copy button over code text: {overlaps}"
 
 
 # -- the chapter ----------------------------------------------------------------
@@ -496,5 +468,55 @@ def test_beyond_floor_division_reads_as_math(browser: Any, base_url: str) -> Non
     try:
         assert "/ /" not in page.locator("article").inner_text()
         assert page.locator("article math mo", has_text="⌊").count() >= 1
+    finally:
+        page.context.close()
+
+
+@pytest.mark.parametrize("lang", ["en", "ja"])
+def test_mask_gallery_reads_the_cell_under_the_pointer(
+    browser: Any, base_url: str, lang: str
+) -> None:
+    """Hovering a mask picture names the query, the key, and the tile with its kind."""
+    from sitegen import programmable
+
+    import portattn as pa
+
+    prefix = "ja/" if lang == "ja" else ""
+    page, visit = _open(browser, f"{base_url}/{prefix}programmable/", width=DESKTOP)
+    try:
+        panels = programmable.panels()
+        for k, (q, kv) in ((0, (100, 40)), (2, (130, 45)), (5, (200, 3))):
+            panel = panels[k]
+            assert panel.allowed is not None and panel.block_mask is not None
+            image = page.locator(f'.pa-fig-wide image[id$="-pa-gallery-{k}"]')
+            box = image.bounding_box()
+            assert box is not None
+            n = programmable.N
+            image.hover(
+                position={"x": (kv + 0.5) * box["width"] / n, "y": (q + 0.5) * box["height"] / n}
+            )
+            said = page.locator(".pa-gallery-readout").inner_text()
+            kind = panel.block_mask.tile_kind(q // programmable.BLOCK, kv // programmable.BLOCK)
+            names = {
+                "en": {
+                    pa.BlockMask.EMPTY: "empty",
+                    pa.BlockMask.PARTIAL: "partial",
+                    pa.BlockMask.FULL: "full",
+                },
+                "ja": {
+                    pa.BlockMask.EMPTY: "空",
+                    pa.BlockMask.PARTIAL: "一部",
+                    pa.BlockMask.FULL: "満杯",
+                },
+            }[lang]
+            assert f"q_idx {q}" in said and f"kv_idx {kv}" in said, said
+            seen = bool(panel.allowed[q, kv])
+            if lang == "en":
+                assert ("does not see" not in said) == seen, said
+                assert said.endswith(f"is {names[kind]}."), said
+            else:
+                assert ("を見ない" not in said) == seen, said
+                assert said.endswith(f"は{names[kind]}。"), said
+        visit.assert_clean()
     finally:
         page.context.close()

@@ -6,6 +6,8 @@ import html
 import re
 from pathlib import Path
 
+import pytest
+
 from portattn.integrations.transformers import ARCHITECTURES
 
 
@@ -36,3 +38,32 @@ def test_every_architecture_has_a_measured_row_within_the_tests_tolerance(site_d
 def test_the_heads_figure_is_drawn_by_the_build(site_dir: Path):
     page = (site_dir / "huggingface" / "index.html").read_text(encoding="utf-8")
     assert page.count('aria-label="Mistral attention weights per head"') == 1
+
+
+def _section(site_dir: Path, lang: str, title: str) -> str:
+    prefix = "ja/" if lang == "ja" else ""
+    page = (site_dir / prefix / "huggingface" / "index.html").read_text(encoding="utf-8")
+    start = re.search(rf"<h2[^>]*>{title}", page).end()  # type: ignore[union-attr]
+    end = page.find("<h2", start)
+    return html.unescape(re.sub(r"<[^>]+>", "", page[start : end if end > 0 else None]))
+
+
+def test_the_limits_say_what_attention_forward_does(site_dir: Path):
+    """The Limits are the integration's own answers: what it honours, passes and refuses."""
+    import torch
+
+    from portattn.integrations import transformers as hf
+
+    for lang, title in (("en", "Limits"), ("ja", "制限")):
+        text = _section(site_dir, lang, title)
+        honoured = set(re.findall(r"\w+", text.split("TypeError")[0])) & hf._HONOURED
+        assert honoured == hf._HONOURED, (lang, honoured)
+        # The refusal quoted is the one a head mask gets now, word for word.
+        q = torch.randn(1, 2, 3, 4)
+        with pytest.raises(TypeError) as refused:
+            hf.attention_forward(torch.nn.Module(), q, q, q, None, head_mask=torch.ones(1, 2, 3, 3))
+        assert str(refused.value) in text, lang
+        # What the table maps (T5's bias, gpt-oss's sinks) is never among the refused.
+        refused_names = re.search(r"keyword argument\(s\) (.*?) that", text)
+        assert refused_names is not None, lang
+        assert {"position_bias", "s_aux"}.isdisjoint(refused_names.group(1).split(", ")), lang

@@ -49,3 +49,40 @@ def test_japanese_api_page_documents_the_same_names(site_dir: Path) -> None:
     english = entries("api")
     assert len(english) > 10
     assert entries("ja/api") == english
+
+
+def test_japanese_prose_is_in_the_plain_form(site_dir: Path) -> None:
+    """だ/である throughout: no です/ます sentence in any Japanese page or widget string."""
+    polite = re.compile(r"(です|ます|ました|ません|ください)[。、)]")
+    found = []
+    for page in sorted((site_dir / "ja").rglob("index.html")):
+        text = " ".join(_paragraphs(page.read_text(encoding="utf-8")))
+        found += [f"{page.parent.name}: …{m.group(0)}" for m in polite.finditer(text)]
+    root = Path(__file__).resolve().parents[2] / "docs"
+    for source in [*root.glob("assets/*.js"), *root.glob("_gen/sitegen/*.py")]:
+        found += [f"{source.name}: …{m.group(0)}" for m in polite.finditer(source.read_text())]
+    assert found == [], found[:10]
+
+
+def test_a_japanese_search_finds_the_chapter_first_in_japanese(
+    browser: object, base_url: str
+) -> None:
+    """因果マスク is one compound with no spaces: the search must still find the chapter."""
+    from browsing import open_page
+
+    page, visit = open_page(browser, f"{base_url}/ja/", width=1400)
+    try:
+        box = page.locator("input.md-search__input")
+        box.click()  # the header's search field, shown at desktop width
+        box.fill("因果マスク")  # typed as an input method commits it: one insertion
+        box.press("End")  # and a keyup, which Material's search listens for
+        items = page.locator(".md-search-result__item > a")
+        items.first.wait_for(timeout=90_000)  # the worker indexes both editions first
+        links = items.evaluate_all("as => as.map(a => new URL(a.href).pathname)")
+        assert "/ja/chapter/" in links, links
+        # The reader's language first: every Japanese page before any English one.
+        langs = ["ja" if p.startswith("/ja/") else "en" for p in links]
+        assert langs == sorted(langs, key=lambda lang: lang != "ja"), links
+        visit.assert_clean()
+    finally:
+        page.context.close()

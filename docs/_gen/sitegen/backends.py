@@ -159,6 +159,9 @@ _WORDS = {
         "none": "No backend was measured.",
         "worst": "The worst entry on the table is {r:.2g} epsilons of its dtype "
         "({name} on {device}, `{dt}`, {check}).",
+        "no mask": "no mask",
+        "causal": "causal",
+        "causal, blockwise": "causal, blockwise",
     },
     "ja": {
         "head": "| バックエンド | dtype | {checks} | 最悪値(eps 単位) |",
@@ -168,14 +171,29 @@ _WORDS = {
         "none": "測ったバックエンドがない。",
         "worst": "表の中で最悪の値は、その dtype のイプシロンの {r:.2g} 倍だった"
         "({name}、{device}、`{dt}`、{check})。",
+        "no mask": "マスクなし",
+        "causal": "因果マスク",
+        "causal, blockwise": "因果マスク、blockwise",
     },
 }
+# Why a backend is absent, as discover() says it, on the Japanese page.
+_MISSING_JA = (
+    ("not installed", "インストールされていない"),
+    ("no CUDA device available here", "この計算機には CUDA デバイスがない"),
+)
+
+
+def _missing(reason: str, lang: str) -> str:
+    if lang == "ja":
+        for en, ja in _MISSING_JA:
+            reason = reason.replace(en, ja)
+    return reason
 
 
 def agreement_markdown(*, lang: str = "en") -> str:
     """The agreement table: maximum relative error against float64 per backend and dtype."""
     words = _WORDS[lang]
-    head = words["head"].format(checks=" | ".join(c for c, _ in CHECKS))
+    head = words["head"].format(checks=" | ".join(words[c] for c, _ in CHECKS))
     lines = [head, "|---|---|" + "---:|" * (len(CHECKS) + 1)]
     failures: dict[str, str] = {}
     for be, dt, errors in agreement():
@@ -186,13 +204,15 @@ def agreement_markdown(*, lang: str = "en") -> str:
         )
         if dt is None:
             rest = " | ".join("—" for _ in CHECKS)
-            lines.append(f"| {who} | {words['absent']}: {be.missing} | {rest} | — |")
+            lines.append(
+                f"| {who} | {words['absent']}: {_missing(be.missing, lang)} | {rest} | — |"
+            )
             continue
         cells = []
         for check, _ in CHECKS:
             e = errors[check]
             if isinstance(e, str):
-                failures.setdefault(f"{be.name}, {check}", e)
+                failures.setdefault(f"{be.name}, {words[check]}", e)
                 cells.append(f"{words['fails']} (`{e.split(':')[0]}`)")
             else:
                 cells.append(f"{e:.1e}")
@@ -225,7 +245,7 @@ def support_markdown(*, lang: str = "en") -> str:
         session = nox_session[be.name]
         if be.name == "PyTorch" and be.device_label == "CUDA":
             session = "`tests-torch-cuda`"
-        here = absent.format(be.missing) if be.missing else be.version
+        here = absent.format(_missing(be.missing, lang)) if be.missing else be.version
         dts = ", ".join(be.dtypes)
         lines.append(f"| {be.name} | {be.device_label} | {dts} | {session} | {here} |")
     return "\n".join(lines) + "\n"
@@ -263,5 +283,5 @@ def worst_in_eps(*, lang: str = "en") -> str:
         return _WORDS[lang]["none"]
     r, be, dt, check = worst
     return _WORDS[lang]["worst"].format(
-        r=r, name=be.name, device=be.device_label, dt=dt, check=check
+        r=r, name=be.name, device=be.device_label, dt=dt, check=_WORDS[lang][check]
     )

@@ -235,15 +235,26 @@ def _cell(text: str) -> str:
     return html.escape(text).replace("|", "&#124;").replace("\n", " ")
 
 
-def errors_markdown() -> str:
-    """The table, one section per part of the API, as Markdown."""
+_HEAD = {"en": "| Input | Exception | Message |", "ja": "| 入力 | 例外 | メッセージ |"}
+# Section titles that are words, not API names, on the Japanese page.
+_SECTIONS_JA = {
+    "Head and MultiHeadAttention": "Head と MultiHeadAttention",
+    "attention options": "attention のオプション",
+    "masks": "マスク",
+    "positions": "位置",
+}
+
+
+def errors_markdown(*, lang: str = "en") -> str:
+    """The table, one section per part of the API, as Markdown (the messages stay as raised)."""
     out: list[str] = []
     section = None
     for case in CASES:
         got = run_case(case)
         if case.section != section:
             section = case.section
-            out += ["", f"### {section}", "", "| Input | Exception | Message |", "|---|---|---|"]
+            title = _SECTIONS_JA.get(section, section) if lang == "ja" else section
+            out += ["", f"### {title}", "", _HEAD[lang], "|---|---|---|"]
         out.append(f"| <code>{_cell(case.code)}</code> | {got.kind} | {_cell(got.message)} |")
     return "\n".join(out).strip() + "\n"
 

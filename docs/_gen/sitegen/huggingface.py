@@ -6,7 +6,9 @@ model tests (tests/test_hf_models.py) assert, on the same tiny random models.
 
 from __future__ import annotations
 
+import dataclasses
 import html
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,6 +18,8 @@ from typing import Any
 import torch
 
 from portattn.integrations import transformers as hf
+
+from .diskcache import cache_dir, code_key, write_atomic
 
 LENGTHS = (12, 9, 5)  # three sequences, left-padded to 12: longer than the windows (4)
 NEW_TOKENS = 16
@@ -74,9 +78,21 @@ def _one_thread() -> Iterator[None]:
 
 @cache
 def support(arch: str) -> Support:
-    """Run ``arch`` with portattn and its references: logits, greedy generation, gradients."""
+    """Run ``arch`` with portattn and its references: logits, greedy generation, gradients.
+
+    Kept on disk between builds (``sitegen.diskcache``), keyed by this file,
+    portattn's source and the torch and transformers versions: the six
+    architectures cost tens of seconds of CPU and change only with the code.
+    """
+    key = code_key(__file__, libraries=("torch", "transformers"), extra=arch)
+    path = cache_dir("huggingface") / f"{arch}-{key}.json"
+    if path.is_file():
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        return Support(**{**stored, "generate": tuple(stored["generate"])})
     with _one_thread():
-        return _support(arch)
+        got = _support(arch)
+    write_atomic(path, json.dumps(dataclasses.asdict(got)).encode())
+    return got
 
 
 def _support(arch: str) -> Support:
@@ -148,27 +164,64 @@ def _e(x: float) -> str:
     return "0" if x == 0 else f"{x:.1e}"
 
 
-def support_markdown() -> str:
-    """The per-architecture table, every number measured while the page builds."""
-    lines = [
-        "| architecture | heads | exercises | logits vs eager | logits vs sdpa "
+_SUPPORT = {
+    "en": {
+        "head": "| architecture | heads | exercises | logits vs eager | logits vs sdpa "
         "| 16 greedy tokens | gradients vs eager |",
-        "|---|---|---|---:|---:|---|---:|",
-    ]
+        "refused": "refused",
+        "no_sdpa": "n/a (sdpa refuses this model)",
+        "same": "same as {ref}",
+        "differ": "**differ from** {ref}",
+    },
+    "ja": {
+        "head": "| アーキテクチャ | ヘッド | 使う機能 | ロジット(eager との差) "
+        "| ロジット(sdpa との差) | 貪欲生成 16 トークン | 勾配(eager との差) |",
+        "refused": "断った",
+        "no_sdpa": "なし(sdpa がこのモデルを受け付けない)",
+        "same": "{ref} と同じ",
+        "differ": "{ref} と**異なる**",
+    },
+}
+# What _features and Support.heads say, on the Japanese page.
+_SUPPORT_JA = (
+    ("left padding (boolean mask)", "左パディング(真偽値マスク)"),
+    ("KV cache", "KV キャッシュ"),
+    ("sliding window", "スライディングウィンドウ"),
+    ("soft cap", "ソフトキャップ"),
+    ("attention sinks (s_aux)", "attention sink(s_aux)"),
+    ("no KV groups (grouping read from the shapes)", "KV グループなし(グループ分けは形から読む)"),
+    (" on ", " 個(KV ヘッド "),
+    (" KV heads", " 個)"),
+    (" heads", " 個"),
+    (", ", "、"),
+)
+
+
+def _ja(text: str, lang: str) -> str:
+    if lang == "ja":
+        for en, ja in _SUPPORT_JA:
+            text = text.replace(en, ja)
+    return text
+
+
+def support_markdown(*, lang: str = "en") -> str:
+    """The per-architecture table, every number measured while the page builds."""
+    w = _SUPPORT[lang]
+    lines = [w["head"], "|---|---|---|---:|---:|---|---:|"]
     for arch in hf.ARCHITECTURES:
         s = support(arch)
         if s.refused is not None:
             lines.append(
-                f"| {NAMES[arch]} (`{s.model}`) | | {s.features} "
-                f"| refused: {html.escape(s.refused)} | | | |"
+                f"| {NAMES[arch]} (`{s.model}`) | | {_ja(s.features, lang)} "
+                f"| {w['refused']}: {html.escape(s.refused)} | | | |"
             )
             continue
-        sdpa = _e(s.logits["sdpa"]) if "sdpa" in s.logits else "n/a (sdpa refuses this model)"
+        sdpa = _e(s.logits["sdpa"]) if "sdpa" in s.logits else w["no_sdpa"]
         ref, same = s.generate
         lines.append(
-            f"| {NAMES[arch]} (`{s.model}`) | {s.heads} | {s.features} "
+            f"| {NAMES[arch]} (`{s.model}`) | {_ja(s.heads, lang)} | {_ja(s.features, lang)} "
             f"| {_e(s.logits['eager'])} | {sdpa} "
-            f"| {'same as' if same else '**differ from**'} {ref} | {_e(s.grads)} |"
+            f"| {(w['same'] if same else w['differ']).format(ref=ref)} | {_e(s.grads)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -251,3 +304,62 @@ def heads_figure(arch: str = "mistral", *, lang: str = "en") -> str:
         tokens=len(tokens),
     )
     return f'<figure class="pa-plot">{svg}<figcaption>{html.escape(caption)}</figcaption></figure>'
+
+
+def _refusal(**kwargs: Any) -> str:
+    """The error ``attention_forward`` raises for ``kwargs`` on a tiny call ("" if none)."""
+    layer = torch.nn.Module()
+    layer.train(bool(kwargs.pop("training", False)))
+    q = torch.randn(1, 2, 3, 4)
+    try:
+        hf.attention_forward(layer, q, q, q, None, **kwargs)
+    except (TypeError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def _names(names: Iterator[str] | frozenset[str] | tuple[str, ...]) -> str:
+    return ", ".join(f"`{n}`" for n in sorted(names))
+
+
+_LIMITS = {
+    "en": (
+        "- **Dropout.** A model in training mode with attention dropout above 0 is "
+        "refused, asked on a tiny call while this page was built:\n  `{dropout}`\n"
+        "- **Keyword arguments.** `attention_forward` honours {honoured} (T5's "
+        "`position_bias` becomes `bias=`, gpt-oss's `s_aux` becomes `sinks=`: the "
+        "gpt-oss row of the table above runs it), passes {passed} through, and refuses "
+        "any other one, such as a head mask:\n  `{head_mask}`\n"
+        "- **Gradients** flow through torch autograd. The short sequences above take "
+        'the materialising path: `impl="auto"` materialises below {pairs} (query, key) '
+        "pairs per head.\n"
+    ),
+    "ja": (
+        "- **ドロップアウト。** attention のドロップアウトが 0 より大きいモデルを学習"
+        "モードで使うと断られる。このページのビルド時に小さな呼び出しで確かめた:\n"
+        "  `{dropout}`\n"
+        "- **キーワード引数。** `attention_forward` は {honoured} を扱い(T5 の "
+        "`position_bias` は `bias=` に、gpt-oss の `s_aux` は `sinks=` になる。後者は上の表の"
+        "gpt-oss の行で動いている)、{passed} はそのまま通し、それ以外は断る。ヘッドマスクの例:\n"
+        "  `{head_mask}`\n"
+        "- **勾配**は torch の autograd を通って流れる。上の短い系列は実体化の経路を"
+        '通る。`impl="auto"` は、ヘッドあたりの (クエリ, キー) の組が {pairs} 未満なら'
+        "実体化する。\n"
+    ),
+}
+
+
+def limits_markdown(*, lang: str = "en") -> str:
+    """What the integration refuses and honours: read from its code, asked of it while building."""
+    from portattn._paths._auto import MATERIALIZE_MAX_PAIRS
+
+    side = int(MATERIALIZE_MAX_PAIRS**0.5)
+    square = side * side == MATERIALIZE_MAX_PAIRS
+    pairs = f"{side} × {side}" if square else str(MATERIALIZE_MAX_PAIRS)  # noqa: RUF001
+    return _LIMITS[lang].format(
+        dropout=_refusal(dropout=0.1, training=True),
+        head_mask=_refusal(head_mask=torch.ones(1, 2, 3, 3)),
+        honoured=_names(hf._HONOURED),
+        passed=_names(hf._NO_EFFECT),
+        pairs=pairs,
+    )

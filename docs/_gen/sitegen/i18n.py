@@ -116,10 +116,15 @@ _WORDS: dict[str, dict[str, str]] = {
         "ja": "| 呼び出し | 中央値 µs | 比較相手の何倍か | 比較相手 |",
     },
     "perf_stages_head": {
-        "en": "| stage (timed on its own) | µs | × the hand-written call |",  # noqa: RUF001
-        "ja": "| 段階(単独で測定) | µs | 手書きの呼び出しの何倍か |",
+        "en": "| stage (timed on its own) | share of the whole call |",
+        "ja": "| 段階(単独で測定) | 呼び出し全体に占める割合 |",
     },
-    "perf_hand": {"en": "hand-written NumPy, the whole call", "ja": "手書きの NumPy、呼び出し全体"},
+    "perf_stage_namespace lookup": {"en": "namespace lookup", "ja": "名前空間の検索"},
+    "perf_stage_validation (prepare)": {"en": "validation (prepare)", "ja": "入力の検査(prepare)"},
+    "perf_stage_path and cast back (solve)": {
+        "en": "path and cast back (solve)",
+        "ja": "経路の計算と dtype の戻し(solve)",
+    },
     "perf_native_row": {
         "en": "portattn torch native, N={n}: the same SDPA call `auto` makes, "
         "so its distance from 1.00× is this run's noise",  # noqa: RUF001

@@ -53,7 +53,7 @@ _TEXT = {
         "curve_y": "最大の重みの平均",
         "corner": "クエリ ↓ キー →",
         "caption": "The cat sat on mat(マスクなし):注目の重み(%)",
-        "noscript": "JavaScript が無効です。設定ごとの、この文の最大の重みの平均:",
+        "noscript": "JavaScript が無効なので、設定ごとに、この文の最大の重みの平均を示す:",
     },
 }
 

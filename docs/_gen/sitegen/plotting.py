@@ -9,8 +9,9 @@ Every page's generator draws with :func:`style` and emits with :func:`figure`:
 - **Phones.** :func:`figure` takes a function of ``narrow`` and draws the
   figure twice: a wide layout for screens and a narrow one (panels stacked,
   about 4.2 inches wide) that CSS shows below 45em. Text is never smaller
-  than :data:`MIN_FONT_PT` points in either, which the browser test turns
-  into "at least 9 CSS px at 390 px".
+  than :data:`MIN_FONT_PT` points in either; drawn 8 inches wide on a
+  ~690 px column (1400 px screens) and 4.2 inches on a ~358 px one (390 px
+  phones), that is at least 11 CSS px, which the browser tests check.
 - **Colour-blind-safe series.** :data:`SERIES` is the Okabe-Ito palette.
 """
 
@@ -41,8 +42,8 @@ SERIES = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 LINESTYLES = ("-", "--", "-.", ":")
 
-MIN_FONT_PT = 9
-WIDE_IN = 9.0
+MIN_FONT_PT = 10
+WIDE_IN = 8.0
 NARROW_IN = 4.2
 
 # Japanese figure text needs a CJK face for matplotlib's text measurement;
@@ -66,9 +67,9 @@ def style(**extra: Any) -> Iterator[None]:
         "svg.fonttype": "none",
         "svg.hashsalt": "portattn",
         "font.family": _families(),
-        "font.size": 10,
-        "axes.titlesize": 10,
-        "axes.labelsize": 10,
+        "font.size": 11,
+        "axes.titlesize": 11,
+        "axes.labelsize": 11,
         "xtick.labelsize": MIN_FONT_PT,
         "ytick.labelsize": MIN_FONT_PT,
         "legend.fontsize": MIN_FONT_PT,

@@ -105,13 +105,30 @@ def _scaled(mod: Any) -> Any:
     return shown
 
 
-def _draw_panel(ax: Any, panel: Panel) -> None:
+# The gallery's words that are not code, on the Japanese page.
+_GALLERY_JA = (
+    ("sliding window + 8 global keys", "スライディングウィンドウ + 全員が見るキー8個"),
+    (", head 0", "、ヘッド 0"),
+    (" of scores i/32 - j/32", "(スコア i/32 − j/32 に適用)"),  # noqa: RUF001
+)
+
+
+def _title(panel: Panel, lang: str) -> str:
+    text = panel.title
+    if lang == "ja":
+        for en, ja in _GALLERY_JA:
+            text = text.replace(en, ja)
+    return text
+
+
+def _draw_panel(ax: Any, panel: Panel, lang: str = "en", k: int = 0) -> None:
     from matplotlib.patches import Rectangle
 
     if panel.allowed is not None:
         rgba = np.zeros((N, N, 4))
         rgba[panel.allowed] = (*_rgb(plotting.SERIES[0]), 1.0)
-        ax.imshow(rgba, interpolation="nearest")
+        # The gid lets docs/assets/gallery.js find the picture and read a cell under the pointer.
+        ax.imshow(rgba, interpolation="nearest", gid=f"pa-gallery-{k}")
         bm = panel.block_mask
         assert bm is not None
         for i in range(bm.num_blocks[0]):
@@ -131,14 +148,17 @@ def _draw_panel(ax: Any, panel: Panel) -> None:
                         edgecolor=plotting.FG,
                     )
                 )
-        ax.set_xlabel(f"density {bm.density:.2f}")
+        ax.set_xlabel(f"density {bm.density:.2f}" if lang == "en" else f"密度 {bm.density:.2f}")
     else:
         assert panel.bias is not None
         ax.imshow(panel.bias, cmap="viridis", interpolation="nearest")
-        ax.set_xlabel(f"from {panel.bias.min():.2f} to {panel.bias.max():.2f}")
+        lo, hi = panel.bias.min(), panel.bias.max()
+        ax.set_xlabel(f"from {lo:.2f} to {hi:.2f}" if lang == "en" else f"{lo:.2f} から {hi:.2f}")
     ax.set_xticks([])
     ax.set_yticks([])
-    ax.set_title(_wrap(panel.title), fontsize=plotting.MIN_FONT_PT)
+    ax.set_title(
+        _wrap(_title(panel, lang), 30 if lang == "en" else 18), fontsize=plotting.MIN_FONT_PT
+    )
 
 
 def _wrap(text: str, width: int = 30) -> str:
@@ -157,7 +177,7 @@ def _rgb(hex_colour: str) -> tuple[float, float, float]:
     return int(h[0:2], 16) / 255, int(h[2:4], 16) / 255, int(h[4:6], 16) / 255
 
 
-def gallery_figure(*, caption: str, label: str) -> str:
+def gallery_figure(*, caption: str, label: str, lang: str = "en") -> str:
     """Every ready-made mod as a picture: a mask with its tiles, or a score mod's bias."""
     import matplotlib.pyplot as plt
 
@@ -168,22 +188,54 @@ def gallery_figure(*, caption: str, label: str) -> str:
         rows = -(-len(shown) // cols)
         w = plotting.width(narrow)
         fig, axes = plt.subplots(rows, cols, figsize=(w, w / cols * rows * 1.25))
-        for ax, panel in zip(axes.ravel(), shown, strict=False):
-            _draw_panel(ax, panel)
+        for k, (ax, panel) in enumerate(zip(axes.ravel(), shown, strict=False)):
+            _draw_panel(ax, panel, lang, k)
         for ax in axes.ravel()[len(shown) :]:
             ax.axis("off")
         fig.tight_layout()
         return fig
 
-    return plotting.figure(draw, label=label, caption=caption, name="mod-gallery")
+    both = plotting.figures_only(draw, label=label, name=f"mod-gallery-{lang}")
+    data = json.dumps({"n": N, "block": BLOCK, "panels": _explorable(shown, lang)})
+    readout = {
+        "en": "Point at (or tap) a cell of a mask to read its query, key and tile.",
+        "ja": "マスクのマスにカーソルを置く(またはタップする)と、クエリ・キー・タイルが読める。",
+    }[lang]
+    return (
+        f'<figure class="pa-plot pa-gallery" data-lang="{lang}">{both}'
+        f'<p class="pa-gallery-readout" aria-live="polite">{readout}</p>'
+        f'<script type="application/json" class="pa-gallery-data">{data}</script>'
+        f"<figcaption>{caption}</figcaption></figure>"
+    )
 
 
-def gallery_table() -> str:
+def _explorable(shown: tuple[Panel, ...], lang: str) -> list[dict[str, Any] | None]:
+    """Per panel (None for a score mod): its title, each tile's kind, each row's runs of seen keys.
+
+    Runs, not bits: a row of a mask is a few intervals, so the page carries
+    a few kB for what would be 64 kB of booleans per panel.
+    """
+    out: list[dict[str, Any] | None] = []
+    for p in shown:
+        if p.allowed is None or p.block_mask is None:
+            out.append(None)
+            continue
+        kinds = np.asarray(p.block_mask.kinds).reshape(p.block_mask.num_blocks)
+        runs = []
+        for row in p.allowed:
+            edges = np.flatnonzero(np.diff(np.r_[0, row.astype(np.int8), 0]))
+            runs.append(edges.reshape(-1, 2).tolist())  # [start, stop) of each run
+        out.append({"title": _title(p, lang), "kinds": kinds.tolist(), "runs": runs})
+    return out
+
+
+def gallery_table(*, lang: str = "en") -> str:
     """Density and tile counts of each mask in the gallery, read off its block mask."""
-    lines = [
-        "| mask | full tiles | partial tiles | empty tiles | density |",
-        "|---|---:|---:|---:|---:|",
-    ]
+    head = {
+        "en": "| mask | full tiles | partial tiles | empty tiles | density |",
+        "ja": "| マスク | 満杯のタイル | 一部のタイル | 空のタイル | 密度 |",
+    }[lang]
+    lines = [head, "|---|---:|---:|---:|---:|"]
     for p in panels():
         if p.block_mask is None:
             continue
@@ -192,8 +244,9 @@ def gallery_table() -> str:
             int((kinds == k).sum())
             for k in (pa.BlockMask.FULL, pa.BlockMask.PARTIAL, pa.BlockMask.EMPTY)
         ]
+        name = f"`{p.title}`" if p.title.startswith(("mods.", "pa.")) else _title(p, lang)
         lines.append(
-            f"| `{p.title}` | {count[0]} | {count[1]} | {count[2]} | {p.block_mask.density:.3f} |"
+            f"| {name} | {count[0]} | {count[1]} | {count[2]} | {p.block_mask.density:.3f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -207,30 +260,74 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.1f} s"
 
 
+_BENCH_WORDS = {
+    "en": {
+        "head": "| case | N | time | peer's time | ratio | target | portattn against its peer |",
+        "met": "met",
+        "missed": "missed",
+        "vs": "against",
+        "memory": "memory (numpy)",
+        "peak": "peak above the inputs",
+        "io": "inputs + output",
+    },
+    "ja": {
+        "head": "| 場合 | N | 時間 | 相手の時間 | 比 | 目標 | portattn と比較相手 |",
+        "met": "達成",
+        "missed": "未達",
+        "vs": "対",
+        "memory": "メモリ(numpy)",
+        "peak": "入力を除いた最大値",
+        "io": "入力 + 出力",
+    },
+}
+# The record's own words (benchmarks/run.py writes them), as the Japanese page says them.
+_RECORD_JA = (
+    ("documents, forward + backward", "文書の詰め込み、順伝播 + 逆伝播"),
+    ("documents", "文書の詰め込み"),
+    ("block mask", "ブロックマスク"),
+    ("dense causal", "密な因果マスク"),
+)
+
+
+def _said(text: str, lang: str) -> str:
+    if lang == "ja":
+        for en, ja in _RECORD_JA:
+            text = text.replace(en, ja)
+    return text
+
+
+def _side(name: str, library: str) -> str:
+    """A subject or peer without the words every row repeats ("portattn torch ...")."""
+    return name.removeprefix(f"portattn {library} ").removeprefix("portattn ")
+
+
 def bench_table(*, lang: str = "en") -> str:
-    """The programmable cases of the committed record: each ratio against its target."""
+    """The programmable cases of the committed record: each ratio against its target.
+
+    The measurements come first and the description last, so that a phone
+    shows a row's numbers next to its name before the long words.
+    """
     got = bench_record().get("programmable")
     if got is None:
         return "*(no programmable cases in the record yet)*\n"
-    yes, no = ("met", "missed") if lang == "en" else ("達成", "未達")
-    head = (
-        "| case | library | N | portattn | peer | time | peer's time | ratio | target |"
-        if lang == "en"
-        else "| 場合 | ライブラリ | N | portattn | 比較相手 | 時間 | 相手の時間 | 比 | 目標 |"
-    )
-    lines = [head, "|---|---|---:|---|---|---:|---:|---:|---|"]
+    w = _BENCH_WORDS[lang]
+    lines = [w["head"], "|---|---:|---:|---:|---:|---|---|"]
     for r in got["rows"]:
-        target = "" if r["target"] is None else f"≤ {r['target']:g}x ({yes if r['met'] else no})"
+        verdict = w["met"] if r["met"] else w["missed"]
+        target = "" if r["target"] is None else f"≤ {r['target']:g}x ({verdict})"
+        subject, peer = _side(r["subject"], r["library"]), _side(r["peer"], r["library"])
         lines.append(
-            f"| {r['case']} | {r['library']} | {r['n']} | {r['subject']} | {r['peer']} "
-            f"| {_ms(r['median_s'])} | {_ms(r['peer_median_s'])} | {r['ratio']:.2f}x | {target} |"
+            f"| {_said(r['case'], lang)} ({r['library']}) | {r['n']} "
+            f"| {_ms(r['median_s'])} | {_ms(r['peer_median_s'])} | {r['ratio']:.2f}x | {target} "
+            f"| {_said(subject, lang)} {w['vs']} {_said(peer, lang)} |"
         )
     m = got["memory"]
     mib = 2**20
+    verdict = w["met"] if m["met"] else w["missed"]
     lines.append(
-        f"| memory | numpy | {m['n']} | peak above the inputs | inputs + output "
-        f"| {m['peak_bytes'] / mib:.0f} MiB | {m['inputs_plus_output_bytes'] / mib:.0f} MiB "
-        f"| {m['ratio']:.2f}x | ≤ {m['target']:g}x ({yes if m['met'] else no}) |"
+        f"| {w['memory']} | {m['n']} | {m['peak_bytes'] / mib:.0f} MiB "
+        f"| {m['inputs_plus_output_bytes'] / mib:.0f} MiB | {m['ratio']:.2f}x "
+        f"| ≤ {m['target']:g}x ({verdict}) | {w['peak']} {w['vs']} {w['io']} |"
     )
     return "\n".join(lines) + "\n"
 
