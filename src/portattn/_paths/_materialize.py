@@ -37,14 +37,7 @@ def materialize_attention(
     scores, allowed, may_hide = _scores(p, xp=xp)
     # Positions alone (no mask, lengths or bias) leave every row a key: no
     # row sums to 0, and the guards for that case are skipped.
-    full_rows = (
-        not may_hide
-        and p.mods is None
-        and p.variant.mask is None
-        and p.variant.key_lengths is None
-        and p.variant.query_lengths is None
-        and s.every_query_sees_a_key
-    )
+    full_rows = not p.rows_may_be_empty
     e, row_max, total = masked_exp(
         scores, allowed, xp=xp, may_hide=may_hide, no_empty_rows=full_rows
     )
