@@ -15,9 +15,9 @@ The (Lq, Lk) matrices are never formed: key blocks are the outer loop (their
 ``dK``, ``dV`` accumulate locally) and query blocks the inner one (their
 ``dQ`` accumulates in a list), so extra memory is O((Lq + Lk) d) plus a few
 tiles. Tiles that ``causal``/``window`` hide entirely are skipped, exactly as
-the forward skips them (:meth:`~portattn._masks.Structure.key_range`), and
+the forward skips them (:meth:`~portattn._core._masks.Structure.key_range`), and
 tiles that nothing hides build no mask (:meth:`Problem.allowed
-<portattn._problem.Problem.allowed>`).
+<portattn._core._problem.Problem.allowed>`).
 
 ``q`` is the problem's ``q``: already multiplied by the scale and in the
 compute dtype, so ``dQ`` is the gradient with respect to that ``q``; the
@@ -26,7 +26,7 @@ Masks and lengths have no gradient. A row that sees nothing (``lse = -inf``)
 has ``P = 0`` and contributes exact zeros, never NaN.
 
 Everything here is plain array API code: the adapters in
-:mod:`portattn._autodiff` only register it with torch and JAX.
+:mod:`portattn._grad._autodiff` only register it with torch and JAX.
 """
 
 from __future__ import annotations
