@@ -16,7 +16,7 @@ from typing import Literal, get_args
 
 from ._core._block_mask import BlockMask
 from ._core._masks import Causal
-from ._core._mods import ScoreMod
+from ._core._modspec import ScoreMod
 from ._core._prepare import prepare
 from ._core._problem import Problem
 from ._core._variant import Variant, build_variant

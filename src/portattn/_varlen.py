@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from ._attention import Impl, attend
 from ._core._masks import Causal
-from ._core._mods import ScoreMod
+from ._core._modspec import ScoreMod
 from ._core._variant import Variant, build_variant
 from ._lib._checks import check_array, check_flag, check_int, dtype_name, shown
 from ._lib._compat import array_namespace, device_of, is_concrete

@@ -14,7 +14,7 @@ from typing import Literal
 from .._lib._checks import check_flag, check_int, check_int_pair
 from .._lib._compat import namespace_library, resolve_namespace
 from .._lib._typing import Array, Device, Namespace
-from ._mods import index_dtype
+from ._modspec import index_dtype
 
 __all__ = [
     "Align",

@@ -33,7 +33,7 @@ from .._lib._typing import Array, Device, DType, Namespace
 from ._flex import flex_mods
 from ._groups import kv_groups, repeat_kv
 from ._masks import Structure, length_mask
-from ._mods import index_dtype
+from ._modspec import index_dtype
 from ._problem import Problem
 from ._variant import Variant, build_variant
 

@@ -133,7 +133,7 @@ class Problem:
             parts.append(self.structure.shared_tile(q0, q1, k0, k1, xp=xp, device=self.device))
         va = self.variant
         mods = va.mods
-        if mods is not None and mods.kinds is not None and self.kind(q0, q1, k0, k1) != FULL:
+        if mods is not None and mods.table is not None and self.kind(q0, q1, k0, k1) != FULL:
             idx = self.indices(q0, q1, k0, k1, xp=xp)
             block = mods.tile_allowed(idx, q0, q1, k0, k1, xp=xp, device=self.device)
             if block is not None:

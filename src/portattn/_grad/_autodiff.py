@@ -38,7 +38,7 @@ def blockwise_attention(
     of them, each skipping its own empty tiles; the library's autodiff sees
     the cuts and the concatenation.
     """
-    parts = [] if p.mods is None else p.mods.parts(p.batch)
+    parts = [] if p.mods is None else p.mods.parts()
     if parts:
         rows: list[tuple[list[Array], list[Array]]] = []
         row_start = None

@@ -23,10 +23,19 @@ import math
 
 import numpy as np
 
-from .._core._flex import EMPTY, Mods, add_sink
+from .._core._flex import EMPTY, Mods
 from .._core._groups import grouped_matmul
 from .._core._problem import Problem, empty_result, expand
-from .._core._softmax import exp_floor, floored_exp, lse_from, no_keys, nonzero, row_shift, safe_exp
+from .._core._softmax import (
+    add_sink,
+    exp_floor,
+    floored_exp,
+    lse_from,
+    no_keys,
+    nonzero,
+    row_shift,
+    safe_exp,
+)
 from .._lib._checks import check_int_pair
 from .._lib._compat import (
     device_of,
@@ -158,7 +167,7 @@ def _phase(p: Problem, axis: int, size: int) -> int | None:
     an EMPTY one is never read.
     """
     mods = p.mods
-    if mods is None or mods.kinds is None or mods.block[axis] != size:
+    if mods is None or mods.table is None or mods.block[axis] != size:
         return None
     return mods.origin[2 + axis] % size
 
@@ -171,7 +180,7 @@ def problem_block_sizes(
     Tiles then line up with the mask's table, so each is one entry of it:
     EMPTY ones are skipped and FULL ones never call ``mask_mod``.
     """
-    if block_size is None and p.mods is not None and p.mods.kinds is not None:
+    if block_size is None and p.mods is not None and p.mods.table is not None:
         return p.mods.block
     return block_sizes(block_size, xp=xp, batch=p.batch)
 
@@ -204,7 +213,7 @@ def traced_block_sizes(bq: int, bk: int, lq: int, lk: int, *, mods: Mods | None)
     """
     n = _TRACED_BLOCKS_PER_AXIS
     grown = max(bq, -(-lq // n)), max(bk, -(-lk // n))
-    if mods is None or mods.kinds is None or (bq, bk) != mods.block:
+    if mods is None or mods.table is None or (bq, bk) != mods.block:
         return grown
     if mods.visited(0, lq, 0, lk) <= n * n:
         return bq, bk

@@ -6,10 +6,9 @@ sequences, where blocking machinery costs more than the memory it saves.
 
 from __future__ import annotations
 
-from .._core._flex import add_sink
 from .._core._groups import grouped_matmul
 from .._core._problem import Problem, empty_result, empty_scores, expand
-from .._core._softmax import lse_from, masked_exp, masked_softmax, nonzero
+from .._core._softmax import add_sink, lse_from, masked_exp, masked_softmax, nonzero
 from .._lib._compat import matrix_transpose
 from .._lib._typing import Array, Namespace
 

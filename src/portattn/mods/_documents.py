@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._core._mods import MaskMod, sized
+from .._core._modspec import MaskMod, sized
 from .._lib._typing import Array
 from ._captured import captured, too_short
 
