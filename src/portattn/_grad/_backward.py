@@ -41,7 +41,7 @@ from .._core._problem import Problem, Variant
 from .._core._softmax import exp_floor, floored_exp, row_shift, safe_exp
 from .._lib._compat import is_concrete
 from .._lib._typing import Array, Namespace
-from .._paths._blockwise import _exp_cannot_underflow, problem_block_sizes, traced_block_sizes
+from .._paths._blockwise import exp_cannot_underflow, problem_block_sizes, traced_block_sizes
 
 __all__ = ["Grads", "Pullback", "ScoreVjp", "blockwise_backward", "sum_to"]
 
@@ -113,7 +113,7 @@ def blockwise_backward(
     concrete = is_concrete(p.q)
     if not concrete:
         bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk, mods=p.mods)
-    shortcut = concrete and _exp_cannot_underflow(p, xp=xp)
+    shortcut = concrete and exp_cannot_underflow(p, xp=xp)
 
     # D = rowsum(dO ∘ O) - dlse, and the lse as a column; a row that saw
     # nothing (lse = -inf) is shifted by 0 so that -inf - -inf never happens.
@@ -142,22 +142,26 @@ def blockwise_backward(
         d_bias = _assemble_bias(
             p, run.bias_tiles, bq, bk, rows=run.bias_rows, cols=run.bias_cols, xp=xp
         )
-    d_sinks = None
-    sinks = p.variant.sinks
-    if sinks is not None:
-        # The sink is a logit of value 0: dSink = P_sink (0 - D), P_sink = exp(sink - lse).
-        col = sinks[..., None, None]
-        p_sink = safe_exp(col - lse_col, exp_floor(p.q.dtype, xp=xp), xp=xp)  # (..., Lq, 1)
-        d_rows = xp.sum(-(p_sink * delta), axis=(-2, -1))  # (...)
-        d_sinks = sum_to(d_rows, tuple(sinks.shape), xp=xp)
     return Grads(
         q=_concat(run.dq(), axis=-2, xp=xp),
         k=_concat(dk_blocks, axis=-2, xp=xp),
         v=_concat(dv_blocks, axis=-2, xp=xp),
         bias=d_bias,
-        sinks=d_sinks,
+        sinks=_d_sinks(p, delta, lse_col, xp=xp),
         captures=run.captures or [],
     )
+
+
+def _d_sinks(p: Problem, delta: Array, lse_col: Array, *, xp: Namespace) -> Array | None:
+    """The sinks' gradient (``None`` without sinks), from ``D`` and the lse, (..., Lq, 1) each."""
+    sinks = p.variant.sinks
+    if sinks is None:
+        return None
+    # The sink is a logit of value 0: dSink = P_sink (0 - D), P_sink = exp(sink - lse).
+    col = sinks[..., None, None]
+    p_sink = safe_exp(col - lse_col, exp_floor(p.q.dtype, xp=xp), xp=xp)  # (..., Lq, 1)
+    d_rows = xp.sum(-(p_sink * delta), axis=(-2, -1))  # (...)
+    return sum_to(d_rows, tuple(sinks.shape), xp=xp)
 
 
 class _Sweep:

@@ -49,7 +49,7 @@ from .._lib._compat import (
 from .._lib._threads import map_blocks, pool_workers
 from .._lib._typing import Array, Namespace
 
-__all__ = ["block_sizes", "blockwise_attention", "problem_block_sizes"]
+__all__ = ["block_sizes", "blockwise_attention", "exp_cannot_underflow", "problem_block_sizes"]
 
 # Per library: (key block, elements per score tile, row sums in the matmul).
 # The query block is chosen so that one (batch..., bq, bk) score tile holds
@@ -105,7 +105,7 @@ def blockwise_attention(
         bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk, mods=p.mods)
     k_t = xp.matrix_transpose(p.k)  # (..., d, Lk)
     v = _with_ones_column(p.v, xp=xp) if _sum_in_matmul(p, xp=xp) else p.v
-    floor = None if _exp_cannot_underflow(p, xp=xp) else exp_floor(p.q.dtype, xp=xp)
+    floor = None if exp_cannot_underflow(p, xp=xp) else exp_floor(p.q.dtype, xp=xp)
     spans = tile_spans(0, p.lq, bq, phase=_phase(p, 0, bq))
     if len(spans) == 1:
         out, lse = _query_block(p, 0, p.lq, k_t, v, bk, floor=floor, xp=xp)
@@ -220,7 +220,7 @@ def traced_block_sizes(bq: int, bk: int, lq: int, lk: int, *, mods: Mods | None)
     return -(-grown[0] // bq) * bq, -(-grown[1] // bk) * bk
 
 
-def _exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
+def exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
     """True when no visible score can sit so far below its row's max that ``exp`` underflows.
 
     By Cauchy-Schwarz, ``|q_i . k_j| <= |q_i| |k_j|``, so within a row the
@@ -283,7 +283,7 @@ def _query_block(
     column of ones appended, whose product column then carries each row's
     sum of weights through the same matmul and the same rescaling.
     ``floor is None`` means the scores are proven finite and their spread
-    within a row small (:func:`_exp_cannot_underflow`): ``exp`` then needs no
+    within a row small (:func:`exp_cannot_underflow`): ``exp`` then needs no
     clamp anywhere, and a tile that hides nothing has a finite row max.
     """
     qb = p.q[..., q0:q1, :]  # (..., bq, d)
