@@ -32,7 +32,7 @@ from .._lib._precision import compute_dtype
 from .._lib._typing import Array, Device, DType, Namespace
 from ._flex import flex_mods
 from ._groups import kv_groups, repeat_kv
-from ._masks import Structure, length_mask
+from ._masks import Align, Structure, length_mask
 from ._modspec import index_dtype
 from ._problem import Problem
 from ._variant import Variant, build_variant
@@ -55,11 +55,11 @@ def _as(x: Array, dtype: DType, *, xp: Namespace) -> Array:
 # Calls repeat their options, so structures (a few ints each, never an array)
 # are memoised in a plain dict: ``functools.lru_cache`` makes torch.compile
 # warn on every function it traces through.
-_STRUCTURES: dict[tuple[int, int, bool | str, tuple[int, int] | None], Structure] = {}
+_STRUCTURES: dict[tuple[int, int, bool | Align, tuple[int, int] | None], Structure] = {}
 _STRUCTURES_MAX = 256
 
 
-def _structure(lq: int, lk: int, causal: bool | str, window: tuple[int, int] | None) -> Structure:
+def _structure(lq: int, lk: int, causal: bool | Align, window: tuple[int, int] | None) -> Structure:
     """:meth:`Structure.build` on already validated options, memoised: calls repeat them."""
     key = (lq, lk, causal, window)
     s = _STRUCTURES.get(key)
