@@ -17,6 +17,7 @@ a line in :data:`Variant.ARRAYS`), its keyword on the public functions and in
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -120,10 +121,10 @@ class Variant:
         """
         if self.mods is not None or self.score_mod is not None or self.block_mask is not None:
             return None
-        for name in self.ARRAYS:
-            if getattr(self, name) is not None:
+        for x in _arrays_of(self):
+            if x is not None:
                 return None
-        return tuple(getattr(self, name) for name in _SCALARS)
+        return _scalars_of(self)
 
     def without_flex(self) -> Variant:
         """This variant without the ``score_mod`` and ``block_mask`` it was asked for."""
@@ -169,6 +170,11 @@ _FIELDS = tuple(f.name for f in dataclasses.fields(Variant))
 # The options that are neither arrays nor mods: plain values, a memo key's parts.
 _FLEX = ("mods", "score_mod", "block_mask")
 _SCALARS = tuple(name for name in _FIELDS if name not in Variant.ARRAYS and name not in _FLEX)
+# One C call each: every small NumPy call asks for its memo key.
+_arrays_of = operator.attrgetter(*Variant.ARRAYS)
+_scalars_of = operator.attrgetter(*_SCALARS)
+# The variants without arrays, mods or a soft cap, by (causal, window): most calls.
+_PLAIN: dict[tuple[object, object], Variant] = {}
 
 
 def build_variant(
@@ -195,6 +201,23 @@ def build_variant(
     # The defaults need no call: a small call feels each.
     aligned = False if causal is False else normalize_causal(causal)
     sizes = None if window is None else normalize_window(window)
+    plain = (
+        mask is None
+        and bias is None
+        and key_lengths is None
+        and query_lengths is None
+        and softcap is None
+        and score_mod is None
+        and block_mask is None
+        and sinks is None
+    )
+    if plain:  # built once per (causal, window): a small call feels a dataclass's __init__
+        variant = _PLAIN.get((aligned, sizes))
+        if variant is None:
+            if len(_PLAIN) >= 256:  # windows are ints: keep the memo bounded
+                _PLAIN.clear()
+            variant = _PLAIN[aligned, sizes] = Variant(causal=aligned, window=sizes)
+        return variant
     cap = None if softcap is None else _check_softcap(softcap)
     # Positional, in field order: keywords cost a small call half a microsecond.
     return Variant(
