@@ -64,6 +64,7 @@ PUBLIC_MODULES = (
     "portattn.chapter",
     "portattn.testing",
     "portattn.integrations.transformers",
+    "portattn.parallel",
 )
 MHA_MODULES = ("_multihead", "_heads", "_mha_inputs", "_mha_weights", "_mha_build")
 LONG = 60

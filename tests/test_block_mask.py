@@ -9,7 +9,7 @@ import pytest
 
 import portattn as pa
 from portattn._core import _block_mask
-from portattn._core._mods import apply_mask_mod, apply_score_mod, tile_indices
+from portattn._core._modspec import apply_mask_mod, apply_score_mod, tile_indices
 from portattn.testing import to_numpy
 
 from conftest import Backend

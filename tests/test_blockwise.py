@@ -158,7 +158,7 @@ def test_unreadable_values_keep_the_clamp(backend: Backend, rng, monkeypatch):
     q, k, v = make_qkv(rng, 8, 9, d=4, dv=6, batch=(2, 3))
     q, k = q * 12.0, k * 12.0  # spread of scores ~ 300: exp(s - max) would underflow
     arrays = [backend.asarray(a, xp.float32) for a in (q, k, v)]
-    assert not _blockwise._exp_cannot_underflow(prepare(*arrays, xp=xp), xp=xp)
+    assert not _blockwise.exp_cannot_underflow(prepare(*arrays, xp=xp), xp=xp)
     with np.errstate(all="raise"):
         got = pa.attention(*arrays, impl="blockwise", block_size=3)
     want, _ = attention_ref(q, k, v)

@@ -12,7 +12,7 @@ from ._attention import attention, attention_weights
 from ._core._block_mask import BlockMask, create_block_mask
 from ._core._masks import causal_mask, window_mask
 from ._core._merge import merge_attention
-from ._core._mods import and_masks, or_masks
+from ._core._modspec import and_masks, or_masks
 from ._core._softmax import softmax
 from ._layers._head import Head
 from ._layers._kvcache import KVCache

@@ -1,8 +1,11 @@
 """Scaled dot-product attention: the public entry points.
 
-Each call does the same four steps: find the namespace, validate everything
-into one :class:`~portattn._problem.Problem` (:func:`prepare`), run the chosen
-path on it, and cast the result back to the caller's dtype. The paths
+Each call does the same five steps: find the namespace, gather the options
+into one :class:`~portattn._core._variant.Variant` (:func:`build_variant`),
+validate everything into one :class:`~portattn._core._problem.Problem`
+(:func:`prepare`), run the chosen path on it, and cast the result back to the
+caller's dtype. :func:`attend` is the last three: the internal entry the
+layers and the varlen entries call too. The paths
 (materialising, blockwise, native) are sibling modules that read the
 ``Problem``; none of them imports this one.
 """
@@ -13,9 +16,10 @@ from typing import Literal, get_args, overload
 
 from ._core._block_mask import BlockMask
 from ._core._masks import Causal
-from ._core._mods import ScoreMod
+from ._core._modspec import ScoreMod
 from ._core._prepare import prepare
 from ._core._problem import Problem
+from ._core._variant import Variant, build_variant
 from ._grad._autodiff import blockwise_attention
 from ._lib._checks import check_array, check_flag, check_int_pair
 from ._lib._compat import array_namespace, namespace_library
@@ -26,7 +30,7 @@ from ._paths._auto import auto_impl
 from ._paths._materialize import materialize_attention, materialize_weights
 from ._paths._native import native_attention
 
-__all__ = ["IMPLS", "Impl", "attention", "attention_weights", "solve", "solve_weights"]
+__all__ = ["IMPLS", "Impl", "attend", "attention", "attention_weights", "solve", "solve_weights"]
 
 Impl = Literal["auto", "materialize", "blockwise", "native"]
 #: The values ``impl=`` takes, in the order errors list them.
@@ -349,18 +353,14 @@ def attention(
     >>> out.shape, lse.shape
     ((3, 2), (3,))
     """
-    check_array("value", value)  # prepare() reads value=None as a weights-only call
+    check_array("value", value)  # attend() reads value=None as a weights-only call
     xp = array_namespace(
         query, key, value, mask, bias, key_lengths, query_lengths, sinks, names=_ARRAY_NAMES
     )
-    p = prepare(
-        query,
-        key,
-        value,
+    variant = build_variant(
         mask=mask,
         bias=bias,
         causal=causal,
-        scale=scale,
         window=window,
         key_lengths=key_lengths,
         query_lengths=query_lengths,
@@ -368,8 +368,46 @@ def attention(
         score_mod=score_mod,
         block_mask=block_mask,
         sinks=sinks,
+    )
+    return attend(
+        query,
+        key,
+        value,
+        variant=variant,
+        scale=scale,
+        impl=impl,
+        block_size=block_size,
+        return_lse=return_lse,
         xp=xp,
     )
+
+
+def attend(
+    query: Array,
+    key: Array,
+    value: Array | None,
+    /,
+    *,
+    variant: Variant,
+    scale: object = None,
+    impl: object = "auto",
+    block_size: object = None,
+    return_lse: object = False,
+    xp: Namespace,
+) -> Array | tuple[Array, Array]:
+    """Attention with the options as one variant: the internal entry every caller shares.
+
+    ``attention``, ``attention_weights``, the varlen and paged entries and
+    the layers (``Head``, ``MultiHeadAttention``, the chapter) build
+    ``variant`` once with :func:`~portattn._core._variant.build_variant`
+    and come here: :func:`~portattn._core._prepare.prepare` checks the call,
+    then :func:`solve` runs it. ``value=None`` asks for the weights
+    (:func:`solve_weights`; ``impl``, ``block_size`` and ``return_lse`` are
+    then unused). ``xp`` is the inputs' namespace, looked up by the caller.
+    """
+    p = prepare(query, key, value, variant, scale=scale, xp=xp)
+    if value is None:
+        return solve_weights(p, xp=xp)
     return solve(p, impl=impl, block_size=block_size, return_lse=return_lse, xp=xp)
 
 
@@ -383,9 +421,8 @@ def solve(
 ) -> Array | tuple[Array, Array]:
     """Run a prepared problem on the chosen path and cast back: the second half of ``attention``.
 
-    ``Head`` and ``MultiHeadAttention`` build their problem with ``prepare``
-    and hand it here. ``impl``, ``block_size`` and ``return_lse`` are checked
-    for every path, whichever one runs.
+    :func:`attend` hands its prepared problem here. ``impl``, ``block_size``
+    and ``return_lse`` are checked for every path, whichever one runs.
     """
     if not isinstance(impl, str) or impl not in IMPLS:
         msg = f"expected impl to be one of {', '.join(map(repr, IMPLS))}, got {impl!r}"
@@ -422,7 +459,7 @@ def _solve(
         out, lse = native_attention(p, return_lse=want_lse, xp=xp)
     elif impl == "blockwise":
         # Plain blockwise where no gradient can be asked for; otherwise the
-        # library's autodiff gets the O(N) backward (_autodiff, _blockwise_grad).
+        # library's autodiff gets the O(N) backward (_grad/_autodiff, _grad/_backward).
         out, lse = blockwise_attention(p, block_size=sizes, xp=xp)
     else:
         out, lse = materialize_attention(p, want_lse=want_lse, xp=xp)
@@ -487,14 +524,10 @@ def attention_weights(
     xp = array_namespace(
         query, key, mask, bias, key_lengths, query_lengths, sinks, names=_WEIGHTS_NAMES
     )
-    p = prepare(
-        query,
-        key,
-        None,
+    variant = build_variant(
         mask=mask,
         bias=bias,
         causal=causal,
-        scale=scale,
         window=window,
         key_lengths=key_lengths,
         query_lengths=query_lengths,
@@ -502,9 +535,10 @@ def attention_weights(
         score_mod=score_mod,
         block_mask=block_mask,
         sinks=sinks,
-        xp=xp,
     )
-    return solve_weights(p, xp=xp)
+    out = attend(query, key, None, variant=variant, scale=scale, xp=xp)
+    assert not isinstance(out, tuple)
+    return out
 
 
 def solve_weights(p: Problem, *, xp: Namespace) -> Array:

@@ -22,14 +22,16 @@ its sums.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from collections.abc import Sequence
-from typing import Any, Literal, overload
+from typing import Literal, overload
 
-from ._attention import Impl, attention
+from ._attention import Impl, attend
 from ._core._masks import Causal
-from ._core._mods import ScoreMod
+from ._core._modspec import ScoreMod
+from ._core._variant import Variant, build_variant
 from ._lib._checks import check_array, check_flag, check_int, dtype_name, shown
 from ._lib._compat import array_namespace, device_of, is_concrete
 from ._lib._convert import to_numpy
@@ -222,17 +224,12 @@ def attention_varlen(
     if len(starts_q) == 1:  # no sequence: one empty one, so that every option is still checked
         starts_q, starts_k = [0, 0], [0, 0]
     kvs = [(k[a:b, ...], v[a:b, ...]) for a, b in itertools.pairwise(starts_k)]
-    options = {
-        "causal": causal,
-        "window": window,
-        "scale": scale,
-        "softcap": softcap,
-        "sinks": sinks,
-        "impl": impl,
-        "block_size": block_size,
-    }
+    variant = build_variant(
+        causal=causal, window=window, softcap=softcap, score_mod=score_mod, sinks=sinks
+    )
+    options: dict[str, object] = {"scale": scale, "impl": impl, "block_size": block_size}
     return run_sequences(
-        q, starts_q, kvs, score_mod=score_mod, options=options, return_lse=return_lse, xp=xp
+        q, starts_q, kvs, variant=variant, options=options, return_lse=return_lse, xp=xp
     )
 
 
@@ -241,8 +238,8 @@ def run_sequences(
     starts_q: list[int],
     kvs: list[tuple[Array, Array]],
     *,
-    score_mod: ScoreMod | None,
-    options: dict[str, Any],  # attention's keywords, checked there
+    variant: Variant,
+    options: dict[str, object],
     return_lse: object,
     xp: Namespace,
 ) -> Array | tuple[Array, Array]:
@@ -250,20 +247,26 @@ def run_sequences(
 
     ``kvs`` holds each sequence's keys and values, (Lk_i, Hkv, d), in the
     packed layout; ``q`` is packed, cut at ``starts_q`` (at least one
-    sequence, so that :func:`attention` checks every option).
+    sequence, so that :func:`attention` checks every option). ``variant``
+    holds the call's options (its ``score_mod`` sees ``b`` as the sequence's
+    index), ``options`` the scale and how to run.
     """
     want_lse = check_flag("return_lse", return_lse)
     spans = list(itertools.pairwise(starts_q))
     outs, lses = [], []
+    score_mod = variant.score_mod
     for i, ((a, b), (ki, vi)) in enumerate(zip(spans, kvs, strict=True)):
-        mod = None if score_mod is None else functools.partial(_in_sequence, score_mod, i)
+        if score_mod is not None:
+            mod = functools.partial(_in_sequence, score_mod, i)
+            variant = dataclasses.replace(variant, score_mod=mod)
         try:
-            got = attention(
+            got = attend(
                 _heads_first(q[a:b, ...], xp=xp),  # (1, H, Lq_i, d)
                 _heads_first(ki, xp=xp),
                 _heads_first(vi, xp=xp),
-                score_mod=mod,
+                variant=variant,
                 return_lse=want_lse,  # the lse costs a pass, and keeps torch off SDPA
+                xp=xp,
                 **options,
             )
         except ValueError as e:
@@ -507,17 +510,12 @@ def paged_attention(
     if not table:  # no sequence: one empty one, so that every option is still checked
         starts_q, table, lens = [0, 0], [[]], [0]
     kvs = _gather(k_pages, v_pages, table, lens, xp=xp)
-    options = {
-        "causal": causal,
-        "window": window,
-        "scale": scale,
-        "softcap": softcap,
-        "sinks": sinks,
-        "impl": impl,
-        "block_size": block_size,
-    }
+    variant = build_variant(
+        causal=causal, window=window, softcap=softcap, score_mod=score_mod, sinks=sinks
+    )
+    options: dict[str, object] = {"scale": scale, "impl": impl, "block_size": block_size}
     return run_sequences(
-        q, starts_q, kvs, score_mod=score_mod, options=options, return_lse=return_lse, xp=xp
+        q, starts_q, kvs, variant=variant, options=options, return_lse=return_lse, xp=xp
     )
 
 

@@ -19,9 +19,9 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from ._attention import solve_weights
-from ._core._prepare import prepare
+from ._attention import attend
 from ._core._softmax import masked_softmax
+from ._core._variant import build_variant
 from ._layers._head import Head
 from ._lib._compat import resolve_namespace
 from ._lib._convert import to_numpy
@@ -295,7 +295,9 @@ def demo_weights(
     head = Head.random(d_model, d_model, seed=0, std=d_model**-0.5, xp=ns)
     x = demo_embeddings(tokens, d_model=d_model, xp=ns)
     q, k = x @ head.wq, x @ head.wk
-    return solve_weights(prepare(q, k, None, causal=causal, xp=ns), xp=ns)
+    w = attend(q, k, None, variant=build_variant(causal=causal), xp=ns)
+    assert not isinstance(w, tuple)
+    return w
 
 
 def describe_row(tokens: Sequence[str], weights: Array, i: int, /) -> str:

@@ -21,7 +21,7 @@ from .._lib._compat import is_concrete, is_dask_namespace, resolve_namespace
 from .._lib._convert import to_numpy
 from .._lib._typing import Array, Device, Namespace
 from .._lib._vocabulary import check_mod_arity
-from ._mods import MaskMod, apply_mask_mod, check_sizes, tile_indices
+from ._modspec import MaskMod, apply_mask_mod, check_sizes, tile_indices
 
 __all__ = ["EMPTY", "FULL", "PARTIAL", "BlockMask", "create_block_mask"]
 

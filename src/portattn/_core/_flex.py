@@ -1,4 +1,4 @@
-"""Programmable attention on one tile: ``score_mod``, a block mask's ``mask_mod``, and sinks.
+"""Programmable attention on one tile: ``score_mod`` and a block mask's ``mask_mod``.
 
 A :class:`Mods` is the part of a :class:`~portattn._core._problem.Problem`
 that user functions decide. Every path asks it the same three questions about
@@ -12,9 +12,6 @@ a tile ``[q0, q1) x [k0, k1)`` of the score matrix:
 Positions handed to the mods are absolute: ``origin`` says where this
 problem's first batch entry, head, query and key sit in the whole call (a
 dask chunk is a problem of its own, somewhere inside the call).
-
-Sinks (gpt-oss) are one more logit per row whose value is 0:
-:func:`add_sink` folds ``exp(sink)`` into a row's running softmax.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from .._lib._checks import shown
 from .._lib._typing import Array, Device, Namespace
 from .._lib._vocabulary import check_mod_arity, foreign_block_mask
 from ._block_mask import EMPTY, FULL, PARTIAL, BlockMask
-from ._mods import (
+from ._modspec import (
     MaskMod,
     ScoreMod,
     apply_mask_mod,
@@ -34,7 +31,6 @@ from ._mods import (
     check_sizes,
     tile_indices,
 )
-from ._softmax import exp_floor, safe_exp
 
 __all__ = [
     "EMPTY",
@@ -43,76 +39,73 @@ __all__ = [
     "MaskMod",
     "Mods",
     "ScoreMod",
-    "add_sink",
     "flex_mods",
 ]
 
 Indices = tuple[Array, Array, Array, Array]
+Table = tuple[tuple[int, ...], ...]  # a block mask's kinds, one row per query block
 
 
 @dataclass(frozen=True, slots=True)
 class Mods:
     """What a call's user functions decide; never holds a differentiable array itself.
 
-    ``kinds`` is ``None`` when no block mask was given; ``mask_mod`` then is
-    ``None`` too. ``origin`` is the absolute (batch, head, query, key) of
-    this problem's first element.
+    A block mask is held by its fields, not as the :class:`BlockMask`:
+    ``table`` (:attr:`BlockMask.table`), ``mask_mod``, ``block`` and the
+    ranges worth running apart. ``table`` is ``None`` when no block mask was
+    given; ``mask_mod`` then is ``None`` too. ``origin`` is the absolute
+    (batch, head, query, key) of this problem's first element.
     """
 
     score_mod: ScoreMod | None = None
     mask_mod: MaskMod | None = None
-    kinds: tuple[tuple[int, ...], ...] | None = None  # BlockMask.table: one row per query block
+    table: Table | None = None  # the tile kinds, one row per query block
     block: tuple[int, int] = (128, 128)
     origin: tuple[int, int, int, int] = (0, 0, 0, 0)
-    # The whole call's mask, while its (batch, head) ranges may still be run
-    # apart (see parts); None in a part, and in any sub-problem.
-    block_mask: BlockMask | None = None
+    # (b0, b1, h0, h1, table) per (batch, head) range of the whole call worth
+    # running apart (BlockMask.parts, on the call's (B, H)); () in a part,
+    # and in any sub-problem.
+    ranges: tuple[tuple[int, int, int, int, Table], ...] = ()
 
     def shifted(self, b0: int, h0: int, q0: int, k0: int) -> Mods:
         """The same mods for a sub-problem starting at ``(b0, h0, q0, k0)`` of this one."""
         o = self.origin
-        return replace(self, origin=(o[0] + b0, o[1] + h0, o[2] + q0, o[3] + k0), block_mask=None)
+        return replace(self, origin=(o[0] + b0, o[1] + h0, o[2] + q0, o[3] + k0), ranges=())
 
-    def parts(self, batch: tuple[int, ...]) -> list[tuple[int, int, int, int, Mods]]:
+    def parts(self) -> list[tuple[int, int, int, int, Mods]]:
         """``(b0, b1, h0, h1, mods)`` per (batch, head) range worth running apart, or ``[]``.
 
         Each range's mods read that range's own tile table
         (:attr:`BlockMask.parts`), so a tile empty for those batch entries
-        and heads is skipped even where others need it. ``batch`` is the
-        call's ``(B, H)``; a mask axis of 1 spans all of it.
+        and heads is skipped even where others need it.
         """
-        bm = self.block_mask
-        if bm is None or not bm.parts:
-            return []
-        nb, nh = batch
-        out = []
-        for b0, b1, h0, h1, table in bm.parts:
-            if bm.shape[0] == 1:
-                b0, b1 = 0, nb
-            if bm.shape[1] == 1:
-                h0, h1 = 0, nh
-            o = self.origin
-            part = replace(
-                self, kinds=table, origin=(o[0] + b0, o[1] + h0, o[2], o[3]), block_mask=None
+        o = self.origin
+        return [
+            (
+                b0,
+                b1,
+                h0,
+                h1,
+                replace(self, table=t, origin=(o[0] + b0, o[1] + h0, *o[2:]), ranges=()),
             )
-            out.append((b0, b1, h0, h1, part))
-        return out
+            for b0, b1, h0, h1, t in self.ranges
+        ]
 
     def kinds_in(self, q0: int, q1: int, k0: int, k1: int) -> set[int]:
         """The kinds of the blocks the tile overlaps (FULL alone without a block mask)."""
-        if self.kinds is None:
+        if self.table is None:
             return {FULL}
         if q1 <= q0 or k1 <= k0:
             return {EMPTY}
         i0, i1, j0, j1 = self._blocks(q0, q1, k0, k1)
-        return {k for row in self.kinds[i0:i1] for k in row[j0:j1]}
+        return {k for row in self.table[i0:i1] for k in row[j0:j1]}
 
     def visited(self, q0: int, q1: int, k0: int, k1: int) -> int:
         """How many of the blocks the tile overlaps are not EMPTY (by the table)."""
-        if self.kinds is None or q1 <= q0 or k1 <= k0:
+        if self.table is None or q1 <= q0 or k1 <= k0:
             return 0
         i0, i1, j0, j1 = self._blocks(q0, q1, k0, k1)
-        return sum(k != EMPTY for row in self.kinds[i0:i1] for k in row[j0:j1])
+        return sum(k != EMPTY for row in self.table[i0:i1] for k in row[j0:j1])
 
     def _blocks(self, q0: int, q1: int, k0: int, k1: int) -> tuple[int, int, int, int]:
         """``[i0, i1) x [j0, j1)``: the query and key blocks the tile overlaps."""
@@ -122,14 +115,14 @@ class Mods:
 
     def kind(self, q0: int, q1: int, k0: int, k1: int) -> int:
         """EMPTY, PARTIAL or FULL for the tile, from the blocks it overlaps (conservatively)."""
-        if self.kinds is None:
+        if self.table is None:
             return FULL if self.mask_mod is None else PARTIAL
         if q1 <= q0 or k1 <= k0:
             return EMPTY
         i0, i1, j0, j1 = self._blocks(q0, q1, k0, k1)
         if i1 - i0 == 1 and j1 - j0 == 1:  # one block: the common case, no reduction
-            return self.kinds[i0][j0]
-        seen = {k for row in self.kinds[i0:i1] for k in row[j0:j1]}
+            return self.table[i0][j0]
+        seen = {k for row in self.table[i0:i1] for k in row[j0:j1]}
         if seen == {EMPTY}:
             return EMPTY
         return FULL if seen == {FULL} else PARTIAL
@@ -191,11 +184,11 @@ class Mods:
         if kind == EMPTY:
             return xp.zeros((1, 1, q1 - q0, k1 - k0), dtype=xp.bool, device=device)
         m = self.allowed(idx, xp=xp)
-        assert self.kinds is not None
+        assert self.table is not None
         bq, bk = self.block
         oq, ok = self.origin[2] + q0, self.origin[3] + k0
         i0, i1, j0, j1 = self._blocks(q0, q1, k0, k1)
-        table = [row[j0:j1] for row in self.kinds[i0:i1]]
+        table = [row[j0:j1] for row in self.table[i0:i1]]
         if all(k == PARTIAL for row in table for k in row):
             return m
         # Each element's block kind: the table's entries spread over the tile.
@@ -206,31 +199,6 @@ class Mods:
         kinds = xp.take(xp.take(blocks, rows, axis=0), cols, axis=1)
         kinds = xp.reshape(kinds, (1, 1, q1 - q0, k1 - k0))
         return xp.logical_and(xp.logical_or(m, kinds == FULL), kinds != EMPTY)
-
-
-def add_sink(
-    acc: Array, total: Array, m: Array, sink: Array, *, xp: Namespace
-) -> tuple[Array, Array, Array]:
-    """Fold one more logit, ``sink`` (value 0), into a row's running softmax.
-
-    ``acc`` (..., Tq, dv) and ``total`` (..., Tq, 1) are the weighted values
-    and the sum of weights relative to the row shift ``m`` (..., Tq, 1);
-    ``m = -inf`` means the row has seen nothing (``acc``, ``total`` are 0).
-    Returns them relative to the new shift ``max(m, sink)``. The sink's value
-    is 0, so it only grows the denominator: a row that sees no key keeps
-    ``acc = 0`` and outputs 0.
-    """
-    floor = exp_floor(m.dtype, xp=xp)
-    top = xp.maximum(m, sink)
-    shift = xp.where(xp.isinf(top), 0.0, top)  # -inf sink and nothing seen: shift by 0
-    alpha = safe_exp(m - shift, floor, xp=xp)
-    total = total * alpha + safe_exp(sink - shift, floor, xp=xp)
-    return acc * alpha, total, top
-
-
-def sink_column(sinks: Array, batch: tuple[int, ...], rows: int, *, xp: Namespace) -> Array:
-    """``sinks`` (aligned, (..., 1, 1)) as the row-wise lse of a row that sees no key."""
-    return xp.broadcast_to(sinks[..., 0], (*batch, rows))
 
 
 def flex_mods(
@@ -272,10 +240,15 @@ def flex_mods(
         )
         raise ValueError(msg)
     check_sizes(block_mask.mask_mod, batch=nb, heads=nh, lq=lq, lk=lk)
+    # A mask axis of 1 spans all of the call's.
+    ranges = tuple(
+        (
+            *((0, nb) if shape[0] == 1 else (b0, b1)),
+            *((0, nh) if shape[1] == 1 else (h0, h1)),
+            table,
+        )
+        for b0, b1, h0, h1, table in block_mask.parts
+    )
     return Mods(
-        score_mod,
-        block_mask.mask_mod,
-        block_mask.table,
-        block_mask.block_size,
-        block_mask=block_mask,
+        score_mod, block_mask.mask_mod, block_mask.table, block_mask.block_size, ranges=ranges
     )

@@ -11,10 +11,10 @@ import functools
 from dataclasses import dataclass
 from typing import Literal
 
-from .._lib._checks import check_flag, check_int, check_int_pair
+from .._lib._checks import check_flag, check_int, check_int_pair, is_flag
 from .._lib._compat import namespace_library, resolve_namespace
 from .._lib._typing import Array, Device, Namespace
-from ._mods import index_dtype
+from ._modspec import index_dtype
 
 __all__ = [
     "Align",
@@ -57,7 +57,7 @@ def normalize_causal(causal: object) -> bool | Align:
     cache in front of this check would accept ``causal=1`` once ``True`` had
     been seen.
     """
-    if causal is False or causal is True or _is_numpy_bool(causal):
+    if is_flag(causal):
         return bool(causal)
     if isinstance(causal, str) and causal in _ALIGNS:
         return "top_left" if causal == "top_left" else "bottom_right"
@@ -66,11 +66,6 @@ def normalize_causal(causal: object) -> bool | Align:
         f"got {type(causal).__name__} {causal!r}"
     )
     raise ValueError(msg)
-
-
-def _is_numpy_bool(value: object) -> bool:
-    """``np.True_``/``np.False_``, accepted wherever a flag is (as :func:`check_flag` does)."""
-    return type(value).__name__ == "bool" and type(value).__module__ == "numpy"
 
 
 def _clamp_window(window: tuple[int, int], lq: int, lk: int) -> tuple[int, int]:
@@ -93,9 +88,14 @@ class Structure:
     window: tuple[int, int] | None = None
 
     @classmethod
-    def build(cls, lq: int, lk: int, causal: object, window: tuple[int, int] | None) -> Structure:
-        """Resolve ``causal=`` and ``window=`` into one structure, refusing to guess alignment."""
-        c = normalize_causal(causal)
+    def build(
+        cls, lq: int, lk: int, causal: bool | Align, window: tuple[int, int] | None
+    ) -> Structure:
+        """Resolve ``causal=`` and ``window=`` into one structure, refusing to guess alignment.
+
+        Both as checked already (:func:`normalize_causal`, :func:`normalize_window`).
+        """
+        c = causal
         if c is True and lq != lk:
             msg = (
                 f"causal=True is ambiguous when Lq != Lk (got Lq={lq}, Lk={lk}): pass "

@@ -1,11 +1,10 @@
 """Validate the arguments of an attention call once, into the :class:`Problem` every path shares.
 
-:func:`prepare` is the only place, besides the public signatures of
-:func:`~portattn.attention` and :func:`~portattn.attention_weights`, that
-lists the options: it gathers them into one
-:class:`~portattn._core._variant.Variant`, which :func:`_validate` checks by
-its own description of each array (:data:`Variant.ARRAYS`), and hands the
-paths a :class:`~portattn._core._problem.Problem`.
+:func:`prepare` takes the options as one
+:class:`~portattn._core._variant.Variant` (built by the entry, through
+:func:`~portattn._core._variant.build_variant`), checks its arrays by their own
+description (:data:`Variant.ARRAYS`) against the inputs, and hands the paths a
+:class:`~portattn._core._problem.Problem`. It never lists the options.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -33,10 +33,10 @@ from .._lib._precision import compute_dtype
 from .._lib._typing import Array, Device, DType, Namespace
 from ._flex import flex_mods
 from ._groups import kv_groups, repeat_kv
-from ._masks import Structure, length_mask, normalize_causal, normalize_window
-from ._mods import index_dtype
+from ._masks import Align, Structure, length_mask
+from ._modspec import index_dtype
 from ._problem import Problem
-from ._variant import Variant
+from ._variant import Variant, build_variant
 
 __all__ = ["prepare"]
 
@@ -56,11 +56,11 @@ def _as(x: Array, dtype: DType, *, xp: Namespace) -> Array:
 # Calls repeat their options, so structures (a few ints each, never an array)
 # are memoised in a plain dict: ``functools.lru_cache`` makes torch.compile
 # warn on every function it traces through.
-_STRUCTURES: dict[tuple[int, int, bool | str, tuple[int, int] | None], Structure] = {}
+_STRUCTURES: dict[tuple[int, int, bool | Align, tuple[int, int] | None], Structure] = {}
 _STRUCTURES_MAX = 256
 
 
-def _structure(lq: int, lk: int, causal: bool | str, window: tuple[int, int] | None) -> Structure:
+def _structure(lq: int, lk: int, causal: bool | Align, window: tuple[int, int] | None) -> Structure:
     """:meth:`Structure.build` on already validated options, memoised: calls repeat them."""
     key = (lq, lk, causal, window)
     s = _STRUCTURES.get(key)
@@ -229,65 +229,33 @@ def prepare(
     query: Array,
     key: Array,
     value: Array | None,
+    variant: Variant | None = None,
     *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    causal: object = False,
-    scale: float | None = None,
-    window: int | tuple[int, int] | None = None,
-    key_lengths: Array | None = None,
-    query_lengths: Array | None = None,
-    softcap: float | None = None,
-    score_mod: object = None,
-    block_mask: object = None,
-    sinks: Array | None = None,
+    scale: object = None,
     xp: Namespace,
+    **options: Any,
 ) -> Problem:
     """Check every argument and return the problem in compute precision.
 
+    ``variant`` comes from :func:`~portattn._core._variant.build_variant`.
     ``value=None`` validates a weights-only call (:func:`attention_weights`).
     Options are validated before anything is cached on them.
+
+    ``options`` (``build_variant``'s keywords, instead of ``variant``) is
+    for the callers not yet moved to :func:`~portattn._attention.attend`
+    (``MultiHeadAttention``, ``portattn.parallel``); it goes once they are.
     """
-    if causal is not False:  # the defaults need no call: a small call feels each
-        causal = normalize_causal(causal)
-    if window is not None:
-        window = normalize_window(window)
-    cap = None if softcap is None else _check_softcap(softcap)
+    if variant is None:
+        variant = build_variant(**options)
+    score_mod, block_mask = variant.score_mod, variant.block_mask
+    if score_mod is not None or block_mask is not None:
+        variant = variant.without_flex()  # checked below, against the call's shapes
     # Grouped-query attention: k and v keep their Hkv heads (_core/_groups).
     groups = kv_groups(query, key, value)
-    plan = None
-    memo: tuple[object, ...] | None = None
-    if (
-        mask is None
-        and bias is None
-        and key_lengths is None
-        and query_lengths is None
-        and sinks is None
-        and (scale is None or type(scale) is float or type(scale) is int)
-        and _memoisable(query, key, value)
-    ):
-        # The checks below depend on nothing but these: a repeat NumPy or
-        # eager torch call (the chapter's size is dominated by such
-        # bookkeeping) skips them. (``xp`` is these arrays' namespace:
-        # callers look it up from them; torch's key holds the devices.)
-        memo = (query.dtype, query.shape, key.dtype, key.shape, causal, window, scale, cap)
-        if value is not None:
-            memo += (value.dtype, value.shape)
-        if type(query) is not np.ndarray:
-            memo += (query.device, key.device, None if value is None else value.device)
-        plan = _PLANS.get(memo)
+    memo = _memo_key(query, key, value, variant, scale)
+    plan = None if memo is None else _PLANS.get(memo)
     if plan is None:
-        asked = Variant(
-            mask=mask,
-            bias=bias,
-            key_lengths=key_lengths,
-            query_lengths=query_lengths,
-            causal=causal,
-            window=window,
-            softcap=cap,
-            sinks=sinks,
-        )
-        plan = _validate(query, key, value, asked, scale, groups, xp=xp)
+        plan = _validate(query, key, value, variant, scale, groups, xp=xp)
         if memo is not None:
             if len(_PLANS) >= _STRUCTURES_MAX:
                 _PLANS.clear()
@@ -297,6 +265,30 @@ def prepare(
         return p
     mods = flex_mods(score_mod, block_mask, batch=p.batch, lq=p.lq, lk=p.lk)
     return dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods))
+
+
+def _memo_key(
+    query: Array, key: Array, value: Array | None, asked: Variant, scale: object
+) -> tuple[object, ...] | None:
+    """What :func:`_validate`'s checks depend on, for memoisable inputs; ``None`` for the others.
+
+    A repeat NumPy or eager torch call (the chapter's size is dominated by
+    such bookkeeping) skips the checks. (``xp`` is these arrays' namespace:
+    callers look it up from them; torch's key holds the devices.)
+    """
+    if not _memoisable(query, key, value) or not (
+        scale is None or type(scale) is float or type(scale) is int
+    ):
+        return None
+    options = asked.memo_key()
+    if options is None:
+        return None
+    memo = (query.dtype, query.shape, key.dtype, key.shape, scale, *options)
+    if value is not None:
+        memo += (value.dtype, value.shape)
+    if type(query) is not np.ndarray:
+        memo += (query.device, key.device, None if value is None else value.device)
+    return memo
 
 
 def _memoisable(query: Array, key: Array, value: Array | None) -> bool:
@@ -362,11 +354,3 @@ def _lengths(x: Array, n: int, *, xp: Namespace, device: Device) -> Array:
     if have.min < want.min:
         x = xp.clip(x, 0, None)
     return xp.astype(x, target)
-
-
-def _check_softcap(softcap: object) -> float:
-    value = check_finite_scale(softcap, name="softcap")
-    if value <= 0:
-        msg = f"expected softcap to be a positive finite number or None, got {value}"
-        raise ValueError(msg)
-    return value

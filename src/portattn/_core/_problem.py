@@ -67,8 +67,46 @@ class Problem:
     @property
     def may_hide(self) -> bool:
         """Whether a score can be ``-inf`` before any mask: a bias or a score_mod can make one."""
-        mods = self.variant.mods
-        return self.variant.bias is not None or (mods is not None and mods.score_mod is not None)
+        return self.variant.may_hide
+
+    @property
+    def rows_may_be_empty(self) -> bool:
+        """Whether some row may see no key, or a score be ``-inf``: not positions alone at work."""
+        return not (self.variant.positions_only and self.structure.every_query_sees_a_key)
+
+    @property
+    def kernel_causal(self) -> bool:
+        """Plain top-left causal and nothing else hiding pairs: the kernels' own ``is_causal``.
+
+        Never with a block mask: the kernel's ``is_causal`` takes no other
+        mask, so the block mask's must be folded into the one it is handed;
+        never with a bias (torch refuses ``is_causal`` with ``attn_mask``).
+        """
+        s = self.structure
+        return self.variant.positions_only and s.causal and s.offset == 0 and s.window is None
+
+    def mask_elements(self) -> int:
+        """Elements of the one dense mask (or masked bias) that a fused kernel would be handed.
+
+        0 when nothing hides a pair, or the caller's bias alone is handed as it is.
+        """
+        shapes = self.variant.mask_shapes(self.lq, self.lk)
+        if not self.structure.trivial:
+            shapes.append((self.lq, self.lk))
+        if not shapes or (self.variant.bias is not None and len(shapes) == 1):
+            return 0
+        ndim = max(len(s) for s in shapes)
+        padded = [(1,) * (ndim - len(s)) + s for s in shapes]
+        # A plain loop: torch.compile cannot trace math.prod over a generator of
+        # zip(..., strict=True), and breaks the graph there.
+        elements = 1
+        for axis in range(ndim):
+            elements *= max(s[axis] for s in padded)
+        return elements
+
+    def grad_arrays(self) -> list[Array]:
+        """``q``, ``k``, ``v`` and the options that have a gradient (present ones only)."""
+        return [self.q, self.k, self.v, *self.variant.grad_arrays()]
 
     def kind(self, q0: int, q1: int, k0: int, k1: int) -> int:
         """The block mask's EMPTY, PARTIAL or FULL for the tile (FULL without one)."""
@@ -95,7 +133,7 @@ class Problem:
             parts.append(self.structure.shared_tile(q0, q1, k0, k1, xp=xp, device=self.device))
         va = self.variant
         mods = va.mods
-        if mods is not None and mods.kinds is not None and self.kind(q0, q1, k0, k1) != FULL:
+        if mods is not None and mods.table is not None and self.kind(q0, q1, k0, k1) != FULL:
             idx = self.indices(q0, q1, k0, k1, xp=xp)
             block = mods.tile_allowed(idx, q0, q1, k0, k1, xp=xp, device=self.device)
             if block is not None:

@@ -1,4 +1,8 @@
-"""A softmax that never overflows, never warns, and sends fully masked rows to zero."""
+"""A softmax that never overflows, never warns, and sends fully masked rows to zero.
+
+Sinks (gpt-oss) are one more logit per row whose value is 0:
+:func:`add_sink` folds ``exp(sink)`` into a row's running softmax.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from .._lib._precision import compute_dtype, narrow
 from .._lib._typing import Array, Device, DType, Namespace
 
 __all__ = [
+    "add_sink",
     "exp_floor",
     "floored_exp",
     "lse_from",
@@ -209,6 +214,26 @@ def lse_from(row_max: Array, total: Array, *, xp: Namespace) -> Array:
     lse = row_max + xp.log(xp.where(unseen, 1.0, total))
     lse = xp.where(unseen, -math.inf, lse)
     return lse[..., 0]
+
+
+def add_sink(
+    acc: Array, total: Array, m: Array, sink: Array, *, xp: Namespace
+) -> tuple[Array, Array, Array]:
+    """Fold one more logit, ``sink`` (value 0), into a row's running softmax.
+
+    ``acc`` (..., Tq, dv) and ``total`` (..., Tq, 1) are the weighted values
+    and the sum of weights relative to the row shift ``m`` (..., Tq, 1);
+    ``m = -inf`` means the row has seen nothing (``acc``, ``total`` are 0).
+    Returns them relative to the new shift ``max(m, sink)``. The sink's value
+    is 0, so it only grows the denominator: a row that sees no key keeps
+    ``acc = 0`` and outputs 0.
+    """
+    floor = exp_floor(m.dtype, xp=xp)
+    top = xp.maximum(m, sink)
+    shift = xp.where(xp.isinf(top), 0.0, top)  # -inf sink and nothing seen: shift by 0
+    alpha = safe_exp(m - shift, floor, xp=xp)
+    total = total * alpha + safe_exp(sink - shift, floor, xp=xp)
+    return acc * alpha, total, top
 
 
 def softmax(x: Array, /, *, axis: int = -1) -> Array:

@@ -2,26 +2,32 @@
 
 Besides ``query``, ``key``, ``value`` and ``scale``, a call may ask for a
 mask, a bias, padding lengths, causal or windowed positions and soft-capped
-scores. :func:`~portattn._core._prepare.prepare` gathers them into one
-:class:`Variant`, checks it once and lays its arrays out for the paths; the
-paths, the dask pair tasks and the autodiff adapters read that value rather
-than a list of keywords. A new option is a new field here (and, if it is an
-array, a line in :data:`Variant.ARRAYS`), plus its keyword on the public
-functions and on ``prepare``.
+scores. The public entries gather them once into one :class:`Variant`
+(:func:`build_variant`, the only function besides the public signatures that
+lists the options); :func:`~portattn._core._prepare.prepare` checks its
+arrays against the call's shapes and lays them out for the paths. The paths,
+the dask pair tasks and the autodiff adapters ask the variant (or the
+problem holding it) questions (:attr:`Variant.positions_only`,
+:meth:`Variant.memo_key`, :meth:`Variant.grad_arrays`, ...) rather than
+listing keywords. A new option is a new field here (and, if it is an array,
+a line in :data:`Variant.ARRAYS`), its keyword on the public functions and in
+:func:`build_variant`, and the code that gives it meaning.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from .._lib._checks import check_finite_scale
 from .._lib._typing import Array
 from ._flex import Mods
-from ._masks import Align
+from ._masks import Align, normalize_causal, normalize_window
 
-__all__ = ["ArraySpec", "Variant"]
+__all__ = ["ArraySpec", "Variant", "build_variant"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +57,10 @@ class Variant:
     softcap: float | None = None  # scores become tanh(s / softcap) * softcap
     sinks: Array | None = None  # one logit of value 0 per (batch, head) row set, batch axes
     mods: Mods | None = None  # score_mod and the block mask (programmable attention)
+    # As the caller gave them, until prepare checks them against the call's
+    # shapes and turns them into ``mods`` (then both are None).
+    score_mod: Any = None
+    block_mask: Any = None
 
     #: The array fields, in the order their checks run (and errors are found).
     ARRAYS: ClassVar[dict[str, ArraySpec]] = {
@@ -60,6 +70,65 @@ class Variant:
         "query_lengths": ArraySpec("lengths", "batch"),
         "sinks": ArraySpec("floating", "batch"),
     }
+
+    @property
+    def positions_only(self) -> bool:
+        """Whether positions (``causal``, ``window``) alone hide pairs or move scores off ``q·kᵀ``.
+
+        No mask, bias, lengths or mods: every row then sees the keys its
+        positions leave it, with finite scores (``softcap`` and ``sinks``
+        change neither).
+        """
+        return (
+            self.mods is None
+            and self.mask is None
+            and self.bias is None
+            and self.key_lengths is None
+            and self.query_lengths is None
+        )
+
+    @property
+    def may_hide(self) -> bool:
+        """Whether a score can be ``-inf`` before any mask: a bias or a score_mod can make one."""
+        mods = self.mods
+        return self.bias is not None or (mods is not None and mods.score_mod is not None)
+
+    def mask_shapes(self, lq: int, lk: int) -> list[tuple[int, ...]]:
+        """The shapes of the arrays that hide pairs or add to scores, against (..., Lq, Lk).
+
+        What a kernel taking one dense mask (or masked bias) must combine:
+        ``mask``, ``bias`` and the lengths as a row and a column.
+        """
+        shapes: list[tuple[int, ...]] = []
+        for x in (self.mask, self.bias):
+            if x is not None:
+                shapes.append(tuple(x.shape))
+        if self.key_lengths is not None:
+            shapes.append((*self.key_lengths.shape, 1, lk))
+        if self.query_lengths is not None:
+            shapes.append((*self.query_lengths.shape, lq, 1))
+        return shapes
+
+    def grad_arrays(self) -> list[Array]:
+        """The arrays present that have a gradient (the floating ones), in :data:`ARRAYS` order."""
+        return [x for name, x in self.arrays() if self.ARRAYS[name].kind == "floating"]
+
+    def memo_key(self) -> tuple[object, ...] | None:
+        """The options as a dict key, or ``None`` when one is an array or a mod.
+
+        ``prepare``'s checks of a call depend on nothing else than these and
+        the inputs' dtypes and shapes, so a repeat call may skip them.
+        """
+        if self.mods is not None or self.score_mod is not None or self.block_mask is not None:
+            return None
+        for x in _arrays_of(self):
+            if x is not None:
+                return None
+        return _scalars_of(self)
+
+    def without_flex(self) -> Variant:
+        """This variant without the ``score_mod`` and ``block_mask`` it was asked for."""
+        return dataclasses.replace(self, score_mod=None, block_mask=None)
 
     def arrays(self) -> list[tuple[str, Array]]:
         """The array options present, as ``(field name, array)`` in :data:`ARRAYS` order."""
@@ -98,3 +167,77 @@ class Variant:
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Variant))
+# The options that are neither arrays nor mods: plain values, a memo key's parts.
+_FLEX = ("mods", "score_mod", "block_mask")
+_SCALARS = tuple(name for name in _FIELDS if name not in Variant.ARRAYS and name not in _FLEX)
+# One C call each: every small NumPy call asks for its memo key.
+_arrays_of = operator.attrgetter(*Variant.ARRAYS)
+_scalars_of = operator.attrgetter(*_SCALARS)
+# The variants without arrays, mods or a soft cap, by (causal, window): most calls.
+_PLAIN: dict[tuple[object, object], Variant] = {}
+
+
+def build_variant(
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    causal: object = False,
+    window: object = None,
+    key_lengths: Array | None = None,
+    query_lengths: Array | None = None,
+    softcap: object = None,
+    score_mod: object = None,
+    block_mask: object = None,
+    sinks: Array | None = None,
+) -> Variant:
+    """The options of one call as a :class:`Variant`: the one place that lists them.
+
+    Every entry (``attention``, ``attention_weights``, the varlen and paged
+    entries, the layers) builds its variant here, once, and hands it to
+    :func:`~portattn._attention.attend`. The options that need no shape are
+    checked here (``causal``, ``window``, ``softcap``); the arrays and the
+    mods are checked against the call by ``prepare``.
+    """
+    # The defaults need no call: a small call feels each.
+    aligned = False if causal is False else normalize_causal(causal)
+    sizes = None if window is None else normalize_window(window)
+    plain = (
+        mask is None
+        and bias is None
+        and key_lengths is None
+        and query_lengths is None
+        and softcap is None
+        and score_mod is None
+        and block_mask is None
+        and sinks is None
+    )
+    if plain:  # built once per (causal, window): a small call feels a dataclass's __init__
+        variant = _PLAIN.get((aligned, sizes))
+        if variant is None:
+            if len(_PLAIN) >= 256:  # windows are ints: keep the memo bounded
+                _PLAIN.clear()
+            variant = _PLAIN[aligned, sizes] = Variant(causal=aligned, window=sizes)
+        return variant
+    cap = None if softcap is None else _check_softcap(softcap)
+    # Positional, in field order: keywords cost a small call half a microsecond.
+    return Variant(
+        mask,
+        bias,
+        key_lengths,
+        query_lengths,
+        aligned,
+        sizes,
+        cap,
+        sinks,
+        None,
+        score_mod,
+        block_mask,
+    )
+
+
+def _check_softcap(softcap: object) -> float:
+    value = check_finite_scale(softcap, name="softcap")
+    if value <= 0:
+        msg = f"expected softcap to be a positive finite number or None, got {value}"
+        raise ValueError(msg)
+    return value

@@ -2,7 +2,7 @@
 
 Differentiating through the blockwise loop would make torch and JAX store
 every score tile, which is O(Lq · Lk) memory again. Instead the forward runs
-untracked and the backward is :func:`~portattn._blockwise_grad.blockwise_backward`,
+untracked and the backward is :func:`~portattn._grad._backward.blockwise_backward`,
 recomputing tiles from the saved log-sum-exp:
 
 - torch: a :class:`torch.autograd.Function` whose inputs are the problem's
@@ -38,7 +38,7 @@ def blockwise_attention(
     of them, each skipping its own empty tiles; the library's autodiff sees
     the cuts and the concatenation.
     """
-    parts = [] if p.mods is None else p.mods.parts(p.batch)
+    parts = [] if p.mods is None else p.mods.parts()
     if parts:
         rows: list[tuple[list[Array], list[Array]]] = []
         row_start = None
@@ -103,8 +103,7 @@ def _torch_captures(p: Problem) -> list[Array]:
 
 
 def _torch_wants_grad(p: Problem, captures: list[Array]) -> bool:
-    arrays = (p.q, p.k, p.v, p.variant.bias, p.variant.sinks, *captures)
-    return any(x is not None and x.requires_grad for x in arrays)
+    return any(x.requires_grad for x in (*p.grad_arrays(), *captures))
 
 
 def _torch_function() -> Any:

@@ -15,9 +15,9 @@ The (Lq, Lk) matrices are never formed: key blocks are the outer loop (their
 ``dK``, ``dV`` accumulate locally) and query blocks the inner one (their
 ``dQ`` accumulates in a list), so extra memory is O((Lq + Lk) d) plus a few
 tiles. Tiles that ``causal``/``window`` hide entirely are skipped, exactly as
-the forward skips them (:meth:`~portattn._masks.Structure.key_range`), and
+the forward skips them (:meth:`~portattn._core._masks.Structure.key_range`), and
 tiles that nothing hides build no mask (:meth:`Problem.allowed
-<portattn._problem.Problem.allowed>`).
+<portattn._core._problem.Problem.allowed>`).
 
 ``q`` is the problem's ``q``: already multiplied by the scale and in the
 compute dtype, so ``dQ`` is the gradient with respect to that ``q``; the
@@ -26,7 +26,7 @@ Masks and lengths have no gradient. A row that sees nothing (``lse = -inf``)
 has ``P = 0`` and contributes exact zeros, never NaN.
 
 Everything here is plain array API code: the adapters in
-:mod:`portattn._autodiff` only register it with torch and JAX.
+:mod:`portattn._grad._autodiff` only register it with torch and JAX.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from .._core._problem import Problem, Variant
 from .._core._softmax import exp_floor, floored_exp, row_shift, safe_exp
 from .._lib._compat import is_concrete
 from .._lib._typing import Array, Namespace
-from .._paths._blockwise import _exp_cannot_underflow, problem_block_sizes, traced_block_sizes
+from .._paths._blockwise import exp_cannot_underflow, problem_block_sizes, traced_block_sizes
 
 __all__ = ["Grads", "Pullback", "ScoreVjp", "blockwise_backward", "sum_to"]
 
@@ -113,7 +113,7 @@ def blockwise_backward(
     concrete = is_concrete(p.q)
     if not concrete:
         bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk, mods=p.mods)
-    shortcut = concrete and _exp_cannot_underflow(p, xp=xp)
+    shortcut = concrete and exp_cannot_underflow(p, xp=xp)
 
     # D = rowsum(dO ∘ O) - dlse, and the lse as a column; a row that saw
     # nothing (lse = -inf) is shifted by 0 so that -inf - -inf never happens.
@@ -142,22 +142,26 @@ def blockwise_backward(
         d_bias = _assemble_bias(
             p, run.bias_tiles, bq, bk, rows=run.bias_rows, cols=run.bias_cols, xp=xp
         )
-    d_sinks = None
-    sinks = p.variant.sinks
-    if sinks is not None:
-        # The sink is a logit of value 0: dSink = P_sink (0 - D), P_sink = exp(sink - lse).
-        col = sinks[..., None, None]
-        p_sink = safe_exp(col - lse_col, exp_floor(p.q.dtype, xp=xp), xp=xp)  # (..., Lq, 1)
-        d_rows = xp.sum(-(p_sink * delta), axis=(-2, -1))  # (...)
-        d_sinks = sum_to(d_rows, tuple(sinks.shape), xp=xp)
     return Grads(
         q=_concat(run.dq(), axis=-2, xp=xp),
         k=_concat(dk_blocks, axis=-2, xp=xp),
         v=_concat(dv_blocks, axis=-2, xp=xp),
         bias=d_bias,
-        sinks=d_sinks,
+        sinks=_d_sinks(p, delta, lse_col, xp=xp),
         captures=run.captures or [],
     )
+
+
+def _d_sinks(p: Problem, delta: Array, lse_col: Array, *, xp: Namespace) -> Array | None:
+    """The sinks' gradient (``None`` without sinks), from ``D`` and the lse, (..., Lq, 1) each."""
+    sinks = p.variant.sinks
+    if sinks is None:
+        return None
+    # The sink is a logit of value 0: dSink = P_sink (0 - D), P_sink = exp(sink - lse).
+    col = sinks[..., None, None]
+    p_sink = safe_exp(col - lse_col, exp_floor(p.q.dtype, xp=xp), xp=xp)  # (..., Lq, 1)
+    d_rows = xp.sum(-(p_sink * delta), axis=(-2, -1))  # (...)
+    return sum_to(d_rows, tuple(sinks.shape), xp=xp)
 
 
 class _Sweep:

@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from .._attention import solve, solve_weights
+from .._attention import attend
 from .._core._masks import Causal
-from .._core._prepare import prepare
+from .._core._variant import build_variant
 from .._lib._checks import (
     check_array,
     check_flag,
@@ -188,16 +188,18 @@ class Head:
 
     def weights(self, x: Array, /, *, causal: Causal = False) -> Array:
         """Attention weights ``softmax(Q Kᵀ / √d_head)``, (..., seq, seq); rows sum to 1."""
-        check_array("x", x)
-        xp = array_namespace(x, self.wq)
-        q, k, _ = self._project(x, xp=xp)
-        return solve_weights(prepare(q, k, None, causal=causal, xp=xp), xp=xp)
+        return self._attend(x, causal, weights=True)
 
     def __call__(self, x: Array, /, *, causal: Causal = False) -> Array:
         """The head's output for ``x`` of shape (..., seq, d_model): (..., seq, d_head)."""
+        return self._attend(x, causal, weights=False)
+
+    def _attend(self, x: Array, causal: object, *, weights: bool) -> Array:
+        """The output, or the weights, of the head's attention over ``x``."""
         check_array("x", x)
         xp = array_namespace(x, self.wq)
         q, k, v = self._project(x, xp=xp)
-        out = solve(prepare(q, k, v, causal=causal, xp=xp), xp=xp)
+        variant = build_variant(causal=causal)
+        out = attend(q, k, None if weights else v, variant=variant, xp=xp)
         assert not isinstance(out, tuple)
         return out

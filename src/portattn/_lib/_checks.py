@@ -28,6 +28,7 @@ __all__ = [
     "check_same_device",
     "dtype_name",
     "has_kind",
+    "is_flag",
     "shown",
 ]
 
@@ -321,11 +322,20 @@ def check_int_pair(name: str, value: object, *, minimum: int | None = None) -> t
     raise ValueError(msg)
 
 
+def is_flag(value: object) -> bool:
+    """Whether ``value`` is True, False or a NumPy bool (``np.True_``), not a truthy stand-in."""
+    return (
+        value is True
+        or value is False
+        or (
+            type(value).__name__ == "bool" and type(value).__module__ == "numpy"  # np.bool_
+        )
+    )
+
+
 def check_flag(name: str, value: object) -> bool:
     """``value`` as a bool: True, False or a NumPy bool; never a truthy stand-in like 1 or "no"."""
-    if isinstance(value, bool):
-        return value
-    if type(value).__name__ == "bool" and type(value).__module__ == "numpy":  # np.bool_
+    if is_flag(value):
         return bool(value)
     msg = f"expected {name} to be True or False, got {shown(value)}"
     raise ValueError(msg)

@@ -23,10 +23,19 @@ import math
 
 import numpy as np
 
-from .._core._flex import EMPTY, Mods, add_sink
+from .._core._flex import EMPTY, Mods
 from .._core._groups import grouped_matmul
 from .._core._problem import Problem, empty_result, expand
-from .._core._softmax import exp_floor, floored_exp, lse_from, no_keys, nonzero, row_shift, safe_exp
+from .._core._softmax import (
+    add_sink,
+    exp_floor,
+    floored_exp,
+    lse_from,
+    no_keys,
+    nonzero,
+    row_shift,
+    safe_exp,
+)
 from .._lib._checks import check_int_pair
 from .._lib._compat import (
     device_of,
@@ -39,7 +48,7 @@ from .._lib._compat import (
 from .._lib._threads import map_blocks, pool_workers
 from .._lib._typing import Array, Namespace
 
-__all__ = ["block_sizes", "blockwise_attention", "problem_block_sizes"]
+__all__ = ["block_sizes", "blockwise_attention", "exp_cannot_underflow", "problem_block_sizes"]
 
 # Per library: (key block, elements per score tile, row sums in the matmul).
 # The query block is chosen so that one (batch..., bq, bk) score tile holds
@@ -110,7 +119,7 @@ def blockwise_attention(
         bq, bk = traced_block_sizes(bq, bk, p.lq, p.lk, mods=p.mods)
     k_t = xp.matrix_transpose(p.k)  # (..., d, Lk)
     v = _with_ones_column(p.v, xp=xp) if _sum_in_matmul(p, xp=xp) else p.v
-    floor = None if _exp_cannot_underflow(p, xp=xp) else exp_floor(p.q.dtype, xp=xp)
+    floor = None if exp_cannot_underflow(p, xp=xp) else exp_floor(p.q.dtype, xp=xp)
     spans = tile_spans(0, p.lq, bq, phase=_phase(p, 0, bq))
     if len(spans) == 1:
         out, lse = _query_block(p, 0, p.lq, k_t, v, bk, floor=floor, xp=xp)
@@ -179,7 +188,7 @@ def _phase(p: Problem, axis: int, size: int) -> int | None:
     an EMPTY one is never read.
     """
     mods = p.mods
-    if mods is None or mods.kinds is None or mods.block[axis] != size:
+    if mods is None or mods.table is None or mods.block[axis] != size:
         return None
     return mods.origin[2 + axis] % size
 
@@ -192,7 +201,7 @@ def problem_block_sizes(
     Tiles then line up with the mask's table, so each is one entry of it:
     EMPTY ones are skipped and FULL ones never call ``mask_mod``.
     """
-    if block_size is None and p.mods is not None and p.mods.kinds is not None:
+    if block_size is None and p.mods is not None and p.mods.table is not None:
         return p.mods.block
     return block_sizes(block_size, xp=xp, batch=p.batch, device=p.device)
 
@@ -225,14 +234,14 @@ def traced_block_sizes(bq: int, bk: int, lq: int, lk: int, *, mods: Mods | None)
     """
     n = _TRACED_BLOCKS_PER_AXIS
     grown = max(bq, -(-lq // n)), max(bk, -(-lk // n))
-    if mods is None or mods.kinds is None or (bq, bk) != mods.block:
+    if mods is None or mods.table is None or (bq, bk) != mods.block:
         return grown
     if mods.visited(0, lq, 0, lk) <= n * n:
         return bq, bk
     return -(-grown[0] // bq) * bq, -(-grown[1] // bk) * bk
 
 
-def _exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
+def exp_cannot_underflow(p: Problem, *, xp: Namespace) -> bool:
     """True when no visible score can sit so far below its row's max that ``exp`` underflows.
 
     By Cauchy-Schwarz, ``|q_i . k_j| <= |q_i| |k_j|``, so within a row the
@@ -295,7 +304,7 @@ def _query_block(
     column of ones appended, whose product column then carries each row's
     sum of weights through the same matmul and the same rescaling.
     ``floor is None`` means the scores are proven finite and their spread
-    within a row small (:func:`_exp_cannot_underflow`): ``exp`` then needs no
+    within a row small (:func:`exp_cannot_underflow`): ``exp`` then needs no
     clamp anywhere, and a tile that hides nothing has a finite row max.
     """
     qb = p.q[..., q0:q1, :]  # (..., bq, d)

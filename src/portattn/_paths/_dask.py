@@ -326,63 +326,93 @@ def _tasks(
     fan_in: int,
 ) -> dict[Any, Any]:
     """Every task of the graph: pairs, merges, and the output chunks (with their lse)."""
-    s, static = p.structure, p.variant.without_arrays()
+    visits = _visits(p, g)
+    static = p.variant.without_arrays()
     q_starts, k_starts = _starts(g.q_chunks), _starts(g.k_chunks)
-    by_query: dict[int, list[int]] = {i: [] for i in range(len(g.q_chunks))}
-    for i, j in visible_pairs(s, g.q_chunks, g.k_chunks):
-        q0, k0 = q_starts[i], k_starts[j]
-        if p.kind(q0, q0 + g.q_chunks[i], k0, k0 + g.k_chunks[j]) != EMPTY:  # the block mask's
-            by_query[i].append(j)
     batch_starts = [_starts(c) for c in g.batch_chunks]
     dsk: dict[Any, Any] = {}
     for bb in product(*(range(len(c)) for c in g.batch_chunks)):
         batch = tuple(g.batch_chunks[a][b] for a, b in enumerate(bb))
         origin = tuple(batch_starts[a][b] for a, b in enumerate(bb))
         for i, q0 in enumerate(q_starts):
-            q1 = q0 + g.q_chunks[i]
-            final_key = (names.out, *bb, i, 0) if not return_lse else (names.final, *bb, i)
-            partials = []
-            for j in by_query[i]:
-                k0, k1 = k_starts[j], k_starts[j] + g.k_chunks[j]
-                tile = _Tile(
-                    (i, j),
-                    Structure(q1 - q0, k1 - k0, s.offset + q0 - k0, s.causal, s.window),
-                    q0,
-                    k0,
-                    batch,
-                    impl,
-                    block_size,
-                    static if p.mods is None else _shifted(static, origin, q0, k0),
-                    tuple(g.options),
-                    j == by_query[i][0],
-                    p.groups,
+            tiles = []
+            for j in visits[i]:
+                k0 = k_starts[j]
+                s = p.structure
+                tiles.append(
+                    _Tile(
+                        index=(i, j),
+                        structure=Structure(
+                            g.q_chunks[i], g.k_chunks[j], s.offset + q0 - k0, s.causal, s.window
+                        ),
+                        q0=q0,
+                        k0=k0,
+                        batch=batch,
+                        impl=impl,
+                        block_size=block_size,
+                        variant=static if p.mods is None else _shifted(static, origin, q0, k0),
+                        options=tuple(g.options),
+                        with_sinks=j == visits[i][0],
+                        groups=p.groups,
+                    )
                 )
-                # A query chunk that sees one key chunk needs no merge: its
-                # pair task is the output chunk (one task per chunk).
-                alone = len(by_query[i]) == 1
-                pkey = final_key if alone else (names.pair, *bb, i, j)
-                dsk[pkey] = (
-                    _pair,
-                    g.block(g.q, bb, i, 0),
-                    g.block(g.k, bb, j, 0),
-                    g.block(g.v, bb, j, 0),
-                    g.option_blocks(bb, i, j),
-                    tile,
-                    alone and not return_lse,
-                )
-                partials.append(pkey)
-            if not partials:
-                sinks = g.options.get("sinks")
-                sink_key = None if sinks is None else g.block(sinks, bb)
-                q_key = g.block(g.q, bb, i, 0)
-                dsk[final_key] = (_hidden, q_key, batch, p.dv, not return_lse, sink_key)
-            elif len(partials) > 1:
-                partials = _reduce(dsk, partials, name=names.merge, at=(*bb, i), fan_in=fan_in)
-                dsk[final_key] = (_merge, partials, not return_lse)
-            if return_lse:
-                out_key = (names.out, *bb, i, 0)
-                dsk[out_key] = (operator.getitem, final_key, 0)
+            _emit(dsk, g, names, (*bb, i), tiles, dv=p.dv, return_lse=return_lse, fan_in=fan_in)
     return dsk
+
+
+def _visits(p: Problem, g: _Grid) -> dict[int, list[int]]:
+    """The plan: the key chunks each query chunk reads, those positions and the block mask show."""
+    q_starts, k_starts = _starts(g.q_chunks), _starts(g.k_chunks)
+    visits: dict[int, list[int]] = {i: [] for i in range(len(g.q_chunks))}
+    for i, j in visible_pairs(p.structure, g.q_chunks, g.k_chunks):
+        q0, k0 = q_starts[i], k_starts[j]
+        if p.kind(q0, q0 + g.q_chunks[i], k0, k0 + g.k_chunks[j]) != EMPTY:  # the block mask's
+            visits[i].append(j)
+    return visits
+
+
+def _emit(
+    dsk: dict[Any, Any],
+    g: _Grid,
+    names: _Names,
+    at: tuple[int, ...],
+    tiles: list[_Tile],
+    *,
+    dv: int,
+    return_lse: bool,
+    fan_in: int,
+) -> None:
+    """The tasks of one output chunk ``at`` (batch chunks, query chunk): its pairs, merged."""
+    bb, i = at[:-1], at[-1]
+    final_key = (names.out, *at, 0) if not return_lse else (names.final, *at)
+    partials = []
+    for tile in tiles:
+        j = tile.index[1]
+        # A query chunk that sees one key chunk needs no merge: its
+        # pair task is the output chunk (one task per chunk).
+        alone = len(tiles) == 1
+        pkey = final_key if alone else (names.pair, *at, j)
+        dsk[pkey] = (
+            _pair,
+            g.block(g.q, bb, i, 0),
+            g.block(g.k, bb, j, 0),
+            g.block(g.v, bb, j, 0),
+            g.option_blocks(bb, i, j),
+            tile,
+            alone and not return_lse,
+        )
+        partials.append(pkey)
+    if not partials:
+        sinks = g.options.get("sinks")
+        sink_key = None if sinks is None else g.block(sinks, bb)
+        batch = tuple(g.batch_chunks[a][b] for a, b in enumerate(bb))
+        dsk[final_key] = (_hidden, g.block(g.q, bb, i, 0), batch, dv, not return_lse, sink_key)
+    elif len(partials) > 1:
+        partials = _reduce(dsk, partials, name=names.merge, at=at, fan_in=fan_in)
+        dsk[final_key] = (_merge, partials, not return_lse)
+    if return_lse:
+        out_key = (names.out, *at, 0)
+        dsk[out_key] = (operator.getitem, final_key, 0)
 
 
 def dask_attention(

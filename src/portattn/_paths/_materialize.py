@@ -6,10 +6,9 @@ sequences, where blocking machinery costs more than the memory it saves.
 
 from __future__ import annotations
 
-from .._core._flex import add_sink
 from .._core._groups import grouped_matmul
 from .._core._problem import Problem, empty_result, empty_scores, expand
-from .._core._softmax import lse_from, masked_exp, masked_softmax, nonzero
+from .._core._softmax import add_sink, lse_from, masked_exp, masked_softmax, nonzero
 from .._lib._compat import matrix_transpose
 from .._lib._typing import Array, Namespace
 
@@ -37,14 +36,7 @@ def materialize_attention(
     scores, allowed, may_hide = _scores(p, xp=xp)
     # Positions alone (no mask, lengths or bias) leave every row a key: no
     # row sums to 0, and the guards for that case are skipped.
-    full_rows = (
-        not may_hide
-        and p.mods is None
-        and p.variant.mask is None
-        and p.variant.key_lengths is None
-        and p.variant.query_lengths is None
-        and s.every_query_sees_a_key
-    )
+    full_rows = not p.rows_may_be_empty
     e, row_max, total = masked_exp(
         scores, allowed, xp=xp, may_hide=may_hide, no_empty_rows=full_rows
     )

@@ -114,7 +114,7 @@ def auto_delegates(
         return True
     if not _hidden_keys_finite(p, xp=xp):
         return False
-    if _kernel_causal(p):
+    if p.kernel_causal:
         return True
     pairs = p.lq * p.lk
     batch = math.prod(p.batch)
@@ -122,7 +122,7 @@ def auto_delegates(
         budget = batch * pairs  # what the materialising path's score matrix holds
     else:
         budget = batch * (p.lq + 2 * p.lk) * p.q.shape[-1]  # q, k, v: blockwise's scale
-    return _mask_elements(p) <= budget
+    return p.mask_elements() <= budget
 
 
 def _hidden_keys_finite(p: Problem, *, xp: Namespace) -> bool:
@@ -133,49 +133,6 @@ def _hidden_keys_finite(p: Problem, *, xp: Namespace) -> bool:
     return bool(xp.all(xp.isfinite(p.k)))
 
 
-def _kernel_causal(p: Problem) -> bool:
-    """Plain top-left causal: the kernels' own ``is_causal``, with no mask to build.
-
-    Never with a block mask: the kernel's ``is_causal`` takes no other mask,
-    so the block mask's must be folded into the one it is handed.
-    """
-    s = p.structure
-    return (
-        p.mods is None
-        and s.causal
-        and s.offset == 0
-        and s.window is None
-        and p.variant.mask is None
-        and p.variant.bias is None  # torch refuses is_causal together with attn_mask
-        and p.variant.key_lengths is None
-        and p.variant.query_lengths is None
-    )
-
-
-def _mask_elements(p: Problem) -> int:
-    """Elements of the mask (or masked bias) :func:`native_attention` hands the kernel."""
-    shapes: list[tuple[int, ...]] = []
-    if not p.structure.trivial:
-        shapes.append((p.lq, p.lk))
-    for x in (p.variant.mask, p.variant.bias):
-        if x is not None:
-            shapes.append(tuple(x.shape))
-    if p.variant.key_lengths is not None:
-        shapes.append((*p.variant.key_lengths.shape, 1, p.lk))
-    if p.variant.query_lengths is not None:
-        shapes.append((*p.variant.query_lengths.shape, p.lq, 1))
-    if not shapes or (p.variant.bias is not None and len(shapes) == 1):
-        return 0  # nothing, or the caller's own bias as it is
-    ndim = max(len(s) for s in shapes)
-    padded = [(1,) * (ndim - len(s)) + s for s in shapes]
-    # A plain loop: torch.compile cannot trace math.prod over a generator of
-    # zip(..., strict=True), and breaks the graph there.
-    elements = 1
-    for axis in range(ndim):
-        elements *= max(s[axis] for s in padded)
-    return elements
-
-
 def native_attention(p: Problem, *, return_lse: bool, xp: Namespace) -> tuple[Array, Array | None]:
     """Output (..., Lq, dv) of ``p`` from the library's fused kernel; lse is never available."""
     why = refusal(p, return_lse=return_lse, xp=xp)
@@ -184,7 +141,7 @@ def native_attention(p: Problem, *, return_lse: bool, xp: Namespace) -> tuple[Ar
     if p.lk == 0 or p.lq == 0 or math.prod(p.batch) == 0:
         out, _ = empty_result(p, xp=xp)
         return out, None
-    is_causal = _kernel_causal(p)
+    is_causal = p.kernel_causal
     allowed = None if is_causal else p.allowed(0, p.lq, 0, p.lk, xp=xp)  # (..., Lq|1, Lk|1) | None
     bias = p.bias_tile(0, p.lq, 0, p.lk)
     if namespace_library(xp) == "torch":

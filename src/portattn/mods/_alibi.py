@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .._core._mods import ScoreMod, sized
+from .._core._modspec import ScoreMod, sized
 from .._lib._checks import check_int
 from .._lib._compat import resolve_namespace
 from .._lib._typing import Array, Device, DType, Namespace

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from .._core._mods import sized
+from .._core._modspec import sized
 from .._lib._checks import check_array, dtype_name, has_kind
 from .._lib._compat import array_namespace
 from .._lib._typing import Array, Namespace

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._core._mods import MaskMod
+from .._core._modspec import MaskMod
 from .._lib._checks import check_int
 from .._lib._typing import Array
 from ._captured import module_level

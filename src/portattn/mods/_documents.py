@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._core._mods import MaskMod
+from .._core._modspec import MaskMod
 from .._lib._typing import Array
 from ._captured import captured, module_level, too_short
 

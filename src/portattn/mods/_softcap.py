@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._core._mods import ScoreMod
+from .._core._modspec import ScoreMod
 from .._lib._checks import check_real
 from .._lib._compat import array_namespace
 from .._lib._typing import Array

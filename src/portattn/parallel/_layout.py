@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from .._core._mods import index_dtype
+from .._core._modspec import index_dtype
 from .._lib._checks import check_int
 from .._lib._compat import array_namespace, resolve_namespace
 from .._lib._typing import Array, Device, Namespace

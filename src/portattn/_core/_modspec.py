@@ -17,6 +17,7 @@ import functools
 from collections.abc import Callable
 
 from .._lib._checks import dtype_name, has_kind
+from .._lib._compat import library_name
 from .._lib._typing import Array, Device, DType, Namespace
 from .._lib._vocabulary import check_mod_arity
 
@@ -144,7 +145,7 @@ def _check_library(what: str, mod: object, got: object, idx: Indices) -> None:
 
 def _library(x: object) -> str:
     """The top-level package an array's type comes from (jaxlib's arrays count as JAX's)."""
-    top = type(x).__module__.partition(".")[0]
+    top = library_name(x)
     return "jax" if top == "jaxlib" else top
 
 
