@@ -9,7 +9,9 @@ processes hits peers alike; ratios are taken within a run. Writes
 Options: ``--quick`` (N up to 2048, 3 rounds; for a smoke test, not for the
 record), ``--dry-run`` (N=128, one round: a check that the script works, in
 seconds), ``--only programmable`` (only the cases of ``programmable.py``,
-merged into the existing record), ``--out DIR``; ``--help`` lists the rest.
+merged into the existing record), ``--only parallel`` (only context
+parallelism, ``parallel.py``, which a full run writes too: ``parallel.json``),
+``--out DIR``; ``--help`` lists the rest.
 
 Record schema (``cpu.json``; the Performance page reads it, defensively):
 
@@ -734,9 +736,10 @@ def main() -> None:
     parser.add_argument("--memory-max-n", type=int, default=max(MEMORY_SIZES))
     parser.add_argument(
         "--only",
-        choices=("programmable",),
+        choices=("programmable", "parallel"),
         help="run only these cases and merge them into the existing record "
-        "(programmable: block masks and score mods against FlexAttention; see programmable.py)",
+        "(programmable: block masks and score mods against FlexAttention; see programmable.py; "
+        "parallel: context parallelism on gloo processes, parallel.json; see parallel.py)",
     )
     parser.add_argument(
         "--no-dask",
@@ -752,6 +755,12 @@ def main() -> None:
             args.out, rounds=args.rounds or (1 if args.dry_run else 5), quick=args.quick
         )
         return
+    if args.only == "parallel" or not (args.quick or args.only or args.dask_only):
+        import parallel  # its own record, parallel.json: processes of their own
+
+        parallel.run(args.out)
+        if args.only:
+            return
     # The dask rows go to their own record: a full run writes them too.
     if args.dask_only or not (args.quick or args.no_dask):
         args.out.mkdir(parents=True, exist_ok=True)
