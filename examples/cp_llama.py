@@ -168,7 +168,7 @@ def _report(
     }
 
 
-def _spawn(args: argparse.Namespace, world: int = 2, timeout: float = 600) -> int:
+def _spawn(args: argparse.Namespace, world: int = 2) -> int:
     """Start ``world`` ranks of this script on this machine: loopback only, always ended."""
     with tempfile.TemporaryDirectory() as folder:
         env = dict(
@@ -180,7 +180,7 @@ def _spawn(args: argparse.Namespace, world: int = 2, timeout: float = 600) -> in
         )
         argv = [sys.executable, __file__, *sys.argv[1:]]
         procs = [subprocess.Popen(argv, env={**env, "RANK": str(r)}) for r in range(world)]
-        end, codes = time.monotonic() + timeout, []
+        end, codes = time.monotonic() + args.timeout, []
         try:
             for p in procs:
                 codes.append(p.wait(timeout=max(1.0, end - time.monotonic())))
@@ -199,6 +199,12 @@ def main() -> int:
     )
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--record", help="write both loss curves to this JSON file")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=3600,
+        help="seconds before the ranks this starts are killed",
+    )
     args = parser.parse_args()
     if not set(args.dtype.split(",")) <= {"float32", "float64"}:
         parser.error(f"expected --dtype float32, float64 or both, got {args.dtype!r}")

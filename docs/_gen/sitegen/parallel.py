@@ -55,6 +55,8 @@ _TEXT = {
             "every rank chunks r and 2P-1-r, one early and one late."
         ),
         "rank": "rank",
+        "tiles": "tiles",
+        "layout_head": "layout",
         "spread": "largest / smallest",
         "curve_label": "loss of every training step, context parallel and one process",
         "curve_caption": (
@@ -78,6 +80,8 @@ _TEXT = {
             "チャンク r と 2P-1-r、つまり前の方と後ろの方を一つずつ持つ。"
         ),
         "rank": "ランク",
+        "tiles": "タイル",
+        "layout_head": "レイアウト",
         "spread": "最大 / 最小",
         "curve_label": "学習の各ステップの損失、コンテキスト並列と1プロセス",
         "curve_caption": (
@@ -123,7 +127,7 @@ def balance_table(lang: str, *, world: int = 4, sizes: tuple[int, ...] = (16, 64
     """Visible causal tiles per rank, per layout and grid size, with the spread."""
     w = _TEXT[lang]
     ranks = " | ".join(f"{w['rank']} {r}" for r in range(world))
-    head = f"| tiles | layout | {ranks} | {w['spread']} |"
+    head = f"| {w['tiles']} | {w['layout_head']} | {ranks} | {w['spread']} |"
     rows = [head, "|" + " --- |" * (world + 3)]
     for n in sizes:
         for lay in LAYOUTS:
