@@ -8,8 +8,10 @@ processes hits peers alike; ratios are taken within a run. Writes
 
 Options: ``--quick`` (N up to 2048, 3 rounds; for a smoke test, not for the
 record), ``--dry-run`` (N=128, one round: a check that the script works, in
-seconds), ``--only programmable`` or ``--only decode`` (only the cases of
-``programmable.py`` or ``decode.py``, merged into the existing record),
+seconds), ``--only programmable``, ``--only decode`` or ``--only parallel``
+(only the cases of ``programmable.py``, ``decode.py`` or ``parallel.py``,
+merged into the existing record; context parallelism, which a full run
+writes too, has its own record: ``parallel.json``),
 ``--out DIR``; ``--help`` lists the rest.
 
 Record schema (``cpu.json``; the Performance page reads it, defensively):
@@ -756,10 +758,11 @@ def main() -> None:
     parser.add_argument("--memory-max-n", type=int, default=max(MEMORY_SIZES))
     parser.add_argument(
         "--only",
-        choices=("programmable", "decode"),
+        choices=("programmable", "decode", "parallel"),
         help="run only these cases and merge them into the existing record "
         "(programmable: block masks and score mods against FlexAttention, see programmable.py; "
-        "decode: decode steps and grouped-query attention against SDPA, see decode.py)",
+        "decode: decode steps and grouped-query attention against SDPA, see decode.py; "
+        "parallel: context parallelism on gloo processes, parallel.json; see parallel.py)",
     )
     parser.add_argument(
         "--no-dask",
@@ -778,6 +781,12 @@ def main() -> None:
     if args.only == "decode":
         only_decode(args.out, rounds=args.rounds or (1 if args.dry_run else 7), quick=args.quick)
         return
+    if args.only == "parallel" or not (args.quick or args.only or args.dask_only):
+        import parallel  # its own record, parallel.json: processes of their own
+
+        parallel.run(args.out)
+        if args.only:
+            return
     # The dask rows go to their own record: a full run writes them too.
     if args.dask_only or not (args.quick or args.no_dask):
         args.out.mkdir(parents=True, exist_ok=True)

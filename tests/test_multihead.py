@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import portattn as pa
-from portattn._layers import _multihead
+from portattn import _attention
 from portattn._lib import _compat
 from portattn.testing import assert_close, to_numpy
 
@@ -154,13 +154,13 @@ def test_gqa_mqa_match_torch_sdpa_enable_gqa(backend: Backend, rng, num_kv_heads
 def test_gqa_never_repeats_keys_or_values(backend: Backend, rng, monkeypatch):
     """The core gets the Hkv key/value heads and groups the query heads on them, never H copies."""
     seen = []
-    real = _multihead.solve
+    real = _attention.solve
 
     def spy(p, **kw):
         seen.append((tuple(p.q.shape), tuple(p.k.shape), tuple(p.v.shape), p.groups))
         return real(p, **kw)
 
-    monkeypatch.setattr(_multihead, "solve", spy)
+    monkeypatch.setattr(_attention, "solve", spy)  # attend's second half
     mha = pa.MultiHeadAttention.random(
         D, 6, num_kv_heads=2, d_head=4, xp=backend.xp, device=backend.device
     )

@@ -23,7 +23,7 @@ import pytest
 pytestmark = pytest.mark.parallel
 
 WORKER = Path(__file__).parent / "parallel" / "torch_worker.py"
-DEADLINE = 400  # seconds for one world's whole run (the machine may be shared)
+DEADLINE = 900  # seconds for one world's whole run (a shared machine at load 27 needed > 400)
 
 
 def _torch_or_skip() -> None:
@@ -90,16 +90,23 @@ def _cases(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def test_exact_against_one_process(world: Any) -> None:
-    """Output, lse and every gradient match the whole-sequence call to 1e-12 (float64)."""
+    """Output, lse and every gradient match the whole-sequence call: 1e-12 in float64.
+
+    In float32 (``*_f32``), both sides round: 1e-5 for values of order 1, and
+    1e-4 for the slopes' gradient, a sum over every (query, key) score.
+    """
     p, results, _ = world
     cases = _cases(results)
     assert len(cases) >= 9
+    assert any(n.endswith("_f32") for n in cases)
     for name, ranks in cases.items():
+        f32 = name.endswith("_f32")
         for r, errs in enumerate(ranks):
             for what, err in errs.items():
                 if what in ("stats", "repeat_identical"):
                     continue
-                assert err < 1e-12, f"P={p} {name} rank {r}: {what} off by {err}"
+                tol = (1e-4 if what == "dslopes" else 1e-5) if f32 else 1e-12
+                assert err < tol, f"P={p} {name} rank {r}: {what} off by {err}"
         assert all(e["repeat_identical"] for e in ranks), f"{name}: two backwards differ"
         if "sinks" in name or "everything" in name:
             assert all("dsinks" in e for e in ranks)

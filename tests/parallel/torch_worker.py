@@ -64,6 +64,7 @@ def _case_options(name: str) -> dict[str, Any]:
         "alibi": {"causal": True, "alibi": True},
         "documents": {"block_mask": doc_mask},
         "everything": {"causal": True, "softcap": 3.0, "sinks": True, "alibi": True},
+        "everything_f32": {"causal": True, "softcap": 3.0, "sinks": True, "alibi": True},
     }[name]
 
 
@@ -79,13 +80,15 @@ CASES = [
     "alibi",
     "documents",
     "everything",
+    "everything_f32",  # float32 in, against the whole sequence in float32: rounding only
 ]
 HKV = {"gqa": 2, "mqa": 1}
 
 
 def _run(name: str, strategy: str, layout: str, rank: int, world: int) -> dict[str, Any]:
     opts = _case_options(name)
-    x = _inputs(CASES.index(name), HKV.get(name, H))
+    dtype = torch.float32 if name.endswith("_f32") else torch.float64
+    x = {n: t.to(dtype) for n, t in _inputs(CASES.index(name), HKV.get(name, H)).items()}
     sinks = x["sinks"].clone().requires_grad_(True) if opts.pop("sinks", False) else None
     slopes = x["slopes"].clone().requires_grad_(True)
     if opts.pop("alibi", False):
@@ -185,7 +188,7 @@ def _run(name: str, strategy: str, layout: str, rank: int, world: int) -> dict[s
         "tiles": stats.tiles,
         "bytes_sent": stats.bytes_sent,
         "backward_bytes_sent": stats.backward_bytes_sent,
-        "kv_bytes": (k.numel() + v.numel()) * 8 * world,
+        "kv_bytes": (k.numel() + v.numel()) * k.element_size() * world,
     }
     return errs
 
@@ -287,6 +290,7 @@ PLANS = {
     ],
     4: [
         ("ring", "zigzag", ["causal", "gqa", "everything", "documents", "causal_window"]),
+        ("ring", "zigzag", ["everything_f32"]),
         ("ring", "contiguous", ["causal", "everything"]),
         ("allgather", "contiguous", ["causal"]),
         ("ulysses", "zigzag", ["everything"]),

@@ -13,10 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from .._attention import solve, solve_weights
+from .._attention import attend
 from .._core._masks import Causal
-from .._core._prepare import prepare
-from .._core._problem import Problem
+from .._core._variant import Variant, build_variant
 from .._lib._checks import (
     check_array,
     check_flag,
@@ -333,8 +332,8 @@ class MultiHeadAttention:
         # The cache's lock is held from staging the new tokens to committing them.
         with nullcontext() if cache is None else cache.lock:
             arrays = (x, context, mask, key_lengths, positions)
-            p, staged, xp = self._problem(arrays, causal, window, cache, values=True)
-            out = solve(p, xp=xp)  # (..., H, Lq, dh)
+            (q, k, v), variant, staged, xp = self._operands(arrays, causal, window, cache)
+            out = attend(q, k, v, variant=variant, xp=xp)  # (..., H, Lq, dh)
             if staged is not None:
                 staged.commit()  # only once everything else succeeded
         assert not isinstance(out, tuple)
@@ -366,19 +365,19 @@ class MultiHeadAttention:
         (4, 5, 5)
         """
         arrays = (x, context, mask, key_lengths, positions)
-        p, _, xp = self._problem(arrays, causal, window, None, values=False)
-        return solve_weights(p, xp=xp)  # (..., H, Lq, Lk)
+        (q, k, _), variant, _, xp = self._operands(arrays, causal, window, None)
+        out = attend(q, k, None, variant=variant, xp=xp)  # (..., H, Lq, Lk)
+        assert not isinstance(out, tuple)
+        return out
 
-    def _problem(
+    def _operands(
         self,
         arrays: tuple[Array | None, ...],
         causal: Causal,
         window: int | tuple[int, int] | None,
         cache: KVCache | None,
-        *,
-        values: bool,
-    ) -> tuple[Problem, Staged | None, Namespace]:
-        """One problem for all heads (no v for the weights), the tokens staged, the namespace.
+    ) -> tuple[tuple[Array, Array, Array], Variant, Staged | None, Namespace]:
+        """Every head's q, k and v for :func:`attend`, their variant, the staged tokens, the xp.
 
         What does not depend on the projections is checked before they are computed.
         """
@@ -403,11 +402,8 @@ class MultiHeadAttention:
         # or more), so that the core reads the heads as groups.
         nd = max(q.ndim, k.ndim)
         q, k, v = (xp.reshape(t, (1,) * (nd - t.ndim) + tuple(t.shape)) for t in (q, k, v))
-        v = v if values else None
-        p = prepare(
-            q, k, v, mask=mask, causal=causal, window=window, key_lengths=key_lengths, xp=xp
-        )
-        return p, staged, xp
+        variant = build_variant(mask=mask, causal=causal, window=window, key_lengths=key_lengths)
+        return (q, k, v), variant, staged, xp
 
     def _source(
         self, x: Array, context: Array | None, positions: Array | None, cache: object, *, xp: Any
