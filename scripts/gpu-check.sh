@@ -6,7 +6,8 @@
 #   device tool for the pip download line).
 # Runs the default suite (nox's markers) on torch_cuda and cupy (a missing
 # backend or device FAILS), then benchmarks/gpu.py. Results land in $OUT (or
-# benchmarks/results/).
+# benchmarks/results/). Arguments go to benchmarks/gpu.py, e.g.
+# `scripts/gpu-check.sh --max-n 8192 --rounds 3` to fit a short lease.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-benchmarks/results}"
@@ -64,6 +65,6 @@ tests_rc=${PIPESTATUS[0]}
 set -e
 
 if [ -f benchmarks/gpu.py ]; then
-  python3 benchmarks/gpu.py --out "$out/gpu.json" 2>&1 | tee "$out/gpu-bench.log"
+  python3 benchmarks/gpu.py --out "$out/gpu.json" "$@" 2>&1 | tee "$out/gpu-bench.log"
 fi
 exit "$tests_rc"
