@@ -30,7 +30,7 @@ python3 -c "import torch, cupy; print('torch', torch.__version__, torch.cuda.get
 # backend: dask, distributed, jax, ndonnx, transformers, threadpoolctl) is left
 # out by name, saying why, instead of failing the collection; a backend named
 # in PORTATTN_BACKENDS that cannot run still fails (tests/conftest.py).
-select=(--ignore=tests/site -m "not slow and not cluster and not models and not inductor")
+select=(--ignore=tests/site -m "not slow and not cluster and not models and not inductor and not parallel")
 leave_out_unless() {  # leave_out_unless "MODULE, ..." TEST_FILE...
   local modules=$1
   shift
