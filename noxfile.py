@@ -53,8 +53,10 @@ CPU_BACKENDS = "numpy,numpy_readonly,torch,array_api_strict,jax,jax32"
 # What the default run leaves out (pyproject.toml registers the markers):
 # large-N, LocalCluster and Hugging Face model suites run in tests-extra (CI
 # runs it); inductor compiles run only in their own opt-in session.
-DEFAULT_MARKERS = "not slow and not cluster and not models and not inductor and not parallel"
-EXTRA_MARKERS = "(slow or cluster or models or parallel) and not inductor"
+DEFAULT_MARKERS = (
+    "not slow and not cluster and not models and not inductor and not parallel and not examples"
+)
+EXTRA_MARKERS = "(slow or cluster or models or parallel) and not inductor and not examples"
 
 _CPU_ENV: dict[str, str] = {}
 
@@ -325,6 +327,12 @@ def tests_torch_oldest(session: nox.Session) -> None:
 def inductor(session: nox.Session) -> None:
     """torch.compile with inductor (about a minute per CPU compile); CI does not run it."""
     _pytest(session, "torch", "inductor")
+
+
+@_shared(default=False)
+def examples(session: nox.Session) -> None:
+    """The context-parallel examples train as one process does (tens of minutes on 2 cores)."""
+    _pytest(session, CPU_BACKENDS, "examples")
 
 
 # Without a GPU the CUDA sessions skip before building an environment.

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.parallel
+pytestmark = [pytest.mark.parallel, pytest.mark.examples]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEADLINE = 1500  # seconds per example: a shared 2-core machine compiles and trains slowly
