@@ -287,6 +287,12 @@ def _score_spread(p: Problem, *, xp: Namespace) -> float:
     return spread + bias_spread
 
 
+def _subtract_in_place(s: Array, shift: Array) -> Array:
+    """``s - shift`` written into ``s``: a tile nothing else holds (see :func:`_query_block`)."""
+    s -= shift
+    return s
+
+
 def _query_block(
     p: Problem,
     q0: int,
@@ -335,10 +341,7 @@ def _query_block(
         # for the row max's gradient): NumPy's, or a tensor needing no grad.
         scratch = mutable and not (foreign and allowed is None)
         scratch = scratch and not getattr(s, "requires_grad", False)
-        if scratch:
-            s -= shift
-        else:
-            s = s - shift
+        s = _subtract_in_place(s, shift) if scratch else s - shift
         # exp may only see values it can take without an underflow flag
         # (see _softmax.exp_floor); floor is None when a bound proves it.
         e = xp.exp(s) if floor is None else floored_exp(s, floor, xp=xp, overwrite=scratch)
