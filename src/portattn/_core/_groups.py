@@ -46,6 +46,8 @@ def kv_groups(query: object, key: object, value: object | None) -> int:
         return 1
     qs, ks = tuple(query.shape), tuple(key.shape)  # type: ignore[attr-defined]
     h, hkv = qs[-3], ks[-3]
+    if not (isinstance(h, int) and isinstance(hkv, int)):
+        return 1  # a dynamic size (an ndonnx argument): validation asks for a static shape
     if h > 1 and hkv > 1 and h % hkv != 0:
         msg = (
             "expected the key's heads to divide the query's (grouped-query attention): "
