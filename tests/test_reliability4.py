@@ -52,6 +52,15 @@ def _mask_mods(backend: Backend) -> dict[str, Any]:
     }
 
 
+def _round_trip_error(x: object) -> type[BaseException] | None:
+    """The exception's type if ``x`` does not survive a stdlib pickle round trip, else None."""
+    try:
+        pickle.loads(pickle.dumps(x))
+    except Exception as e:  # whatever the library raises is the answer
+        return type(e)
+    return None
+
+
 @pytest.mark.jax32  # int32 ids and indices without x64
 def test_block_masks_of_every_ready_made_mod_pickle(
     backend: Backend, rng: np.random.Generator
@@ -59,10 +68,17 @@ def test_block_masks_of_every_ready_made_mod_pickle(
     """Stdlib pickle (multiprocessing, torch.save) round-trips them; attention is unchanged."""
     xp = backend.xp
     (q, k, v), _ = _qkv(backend, rng)
+    # array-api-strict before 2.5 cannot round-trip its own arrays: a mod that captures
+    # one then fails exactly as a bare array does, and only there.
+    refused = _round_trip_error(backend.asarray(np.zeros(2, dtype=np.int32)))
     for name, mod in _mask_mods(backend).items():
         bm = pa.create_block_mask(
             mod, B, None, L, L, block_size=(4, 8), xp=xp, device=backend.device
         )
+        failed = _round_trip_error(bm)
+        if failed is not None:
+            assert refused is not None and issubclass(failed, refused), (name, failed)
+            continue
         back = pickle.loads(pickle.dumps(bm))
         assert isinstance(back, pa.BlockMask), name
         np.testing.assert_array_equal(back.kinds, bm.kinds, err_msg=name)
@@ -73,6 +89,8 @@ def test_block_masks_of_every_ready_made_mod_pickle(
             got = pa.attention(q, k, v, block_mask=back, impl=impl)
             np.testing.assert_array_equal(to_numpy(got), to_numpy(want), err_msg=f"{name} {impl}")
     # The size checks travel with the mod: too few ids is still refused after a round trip.
+    if refused is not None:
+        return
     short = pickle.loads(pickle.dumps(pa.mods.documents(backend.asarray(np.zeros(L - 1, int)))))
     with pytest.raises(ValueError, match=r"ids captured by mods.documents .* Lq=20, got 19"):
         pa.create_block_mask(short, None, None, L, L, xp=xp, device=backend.device)
