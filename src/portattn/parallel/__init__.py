@@ -160,6 +160,9 @@ def attention(
     axis_name : hashable, optional
         JAX arrays only, and required there: the mesh axis of ``jax.shard_map``.
     strategy : {"ring", "allgather", "ulysses"}
+        ``"ring"`` passes the K/V shards around the ranks, overlapped with compute;
+        ``"allgather"`` gathers K/V whole (O(N) memory for them); ``"ulysses"``
+        switches from sequence to head sharding and back (P must divide H and Hkv).
     layout : {"zigzag", "contiguous"}
         How the sequence was cut (:func:`shard`). Zigzag needs ``L`` divisible by ``2P``.
     causal, window, scale, softcap, score_mod, block_mask, sinks, block_size
