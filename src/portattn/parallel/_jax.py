@@ -33,7 +33,7 @@ from .._lib._precision import narrow
 from .._lib._typing import Array, Namespace
 from ._layout import shard, unshard
 from ._options import Setup
-from ._schedule import Schedule, Stats, check_ulysses, shard_mods
+from ._schedule import Stats, check_ulysses, ring_setup, shard_mods
 from ._steps import Call, assemble, fold_sink, forward_source
 
 __all__ = ["jax_attention"]
@@ -68,19 +68,9 @@ def jax_attention(
     world, rank = _axis(axis_name)
     if o.strategy == "ulysses":
         return _ulysses(q, k, v, o, axis_name, world, rank, xp)
-    n = int(q.shape[-2])
-    if o.layout == "zigzag" and n % 2:
-        msg = (
-            f"layout='zigzag' needs an even shard length (2P chunks in all), got {n} rows per rank"
-        )
-        raise ValueError(msg)
-    p = prepare(q, k, v, o.variant.without_positions(), scale=o.scale, xp=xp)
-    length = n * world
-    mods = shard_mods(p, o.variant, length, (0, int(q.shape[-3])))
-    base = dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods))
-    sched = Schedule(world, 0, o.layout, n, o.variant.structure(length, length), mods)
+    base, sched = ring_setup(q, k, v, o, world, 0, xp=xp)
     call = Call(sched, base, o.block_size, Stats(), int(k.shape[-1]), int(k.shape[-3]))
-    kv = xp.concat([xp.astype(k, p.q.dtype), xp.astype(v, p.q.dtype)], axis=-1)
+    kv = xp.concat([xp.astype(k, base.q.dtype), xp.astype(v, base.q.dtype)], axis=-1)
     if o.strategy == "allgather":
         every = lax.all_gather(kv, axis_name)  # (P, B, Hkv, n, d + dv)
     acc = None
@@ -92,13 +82,13 @@ def jax_attention(
             _varying(_step(call, r, (r - t) % world, o.strategy, int(v.shape[-1]), xp), axis_name)
             for r in range(world)
         ]
-        out, lse = lax.switch(rank, branches, p.q, held)
+        out, lse = lax.switch(rank, branches, base.q, held)
         acc = (out, lse) if acc is None else merge_attention([acc[0], out], [acc[1], lse])
     assert acc is not None
     out, lse = acc
-    if p.sink is not None:
-        out, lse = fold_sink(out, lse, p.sink, xp=xp)
-    return narrow(out, p.out_dtype, xp=xp), lse
+    if base.sink is not None:
+        out, lse = fold_sink(out, lse, base.sink, xp=xp)
+    return narrow(out, base.out_dtype, xp=xp), lse
 
 
 def _varying(fn: Callable[..., tuple[Array, Array]], axis_name: Any) -> Callable[..., Any]:

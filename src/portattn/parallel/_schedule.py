@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from .._core._flex import EMPTY, Mods
 from .._core._groups import kv_groups
 from .._core._masks import Structure
+from .._core._prepare import prepare
 from .._core._problem import Problem
 from .._core._variant import Variant
 from .._lib._typing import Array, Namespace
 from .._paths._blockwise import problem_block_sizes
 from ._layout import Layout, chunk_size, row_starts
+from ._options import Setup
 
 __all__ = [
     "Pair",
@@ -34,6 +36,7 @@ __all__ = [
     "check_ulysses",
     "group_heads",
     "pair_problem",
+    "ring_setup",
     "shard_mods",
     "tiles_of",
 ]
@@ -163,3 +166,23 @@ def check_ulysses(q: Array, k: Array, world: int, layout: Layout) -> tuple[int, 
         raise ValueError(msg)
     chunk_size(int(q.shape[-2]) * world, world, layout)
     return h, hkv
+
+
+def ring_setup(
+    q: Array, k: Array, v: Array, o: Setup, world: int, rank: int, *, xp: Namespace
+) -> tuple[Problem, Schedule]:
+    """The shards prepared (dtypes, scale, GQA, the sink) with the call's mods, and the schedule.
+
+    Positions and mods are the whole sequence's: the schedule cuts them per pair.
+    """
+    n = int(q.shape[-2])
+    if o.layout == "zigzag" and n % 2:
+        msg = (
+            f"layout='zigzag' needs an even shard length (2P chunks in all), got {n} rows per rank"
+        )
+        raise ValueError(msg)
+    p = prepare(q, k, v, o.variant.without_positions(), scale=o.scale, xp=xp)
+    length = n * world
+    mods = shard_mods(p, o.variant, length, (0, int(q.shape[-3])))
+    sched = Schedule(world, rank, o.layout, n, o.variant.structure(length, length), mods)
+    return dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods)), sched

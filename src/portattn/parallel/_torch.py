@@ -34,7 +34,7 @@ from .._lib._precision import narrow
 from .._lib._typing import Array, Namespace
 from ._layout import Layout, shard, unshard
 from ._options import Setup
-from ._schedule import Schedule, Stats, check_ulysses, shard_mods, tiles_of
+from ._schedule import Stats, check_ulysses, ring_setup, shard_mods, tiles_of
 from ._steps import (
     Call,
     Cotangents,
@@ -250,27 +250,16 @@ def torch_attention(
     _same_shapes(g, world, q, k, v)
     if o.strategy == "ulysses":
         return _ulysses(q, k, v, o, g, rank, world, xp)
-    n = int(q.shape[-2])
-    if o.layout == "zigzag" and n % 2:
-        msg = (
-            f"layout='zigzag' needs an even shard length (2P chunks in all), got {n} rows per rank"
-        )
-        raise ValueError(msg)
-    # prepare on the shards (dtypes, scale, GQA, the sink); positions and mods are global.
-    p = prepare(q, k, v, o.variant.without_positions(), scale=o.scale, xp=xp)
-    length = n * world
-    mods = shard_mods(p, o.variant, length, (0, int(q.shape[-3])))
-    sched = Schedule(world, rank, o.layout, n, o.variant.structure(length, length), mods)
-    base = dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods))
+    base, sched = ring_setup(q, k, v, o, world, rank, xp=xp)
     stats = Stats()
     call = Call(
         sched, base.without_arrays(), o.block_size, stats, int(k.shape[-1]), int(k.shape[-3])
     )
-    kw, vw = (x if x.dtype == p.q.dtype else x.to(p.q.dtype) for x in (k, v))
+    kw, vw = (x if x.dtype == base.q.dtype else x.to(base.q.dtype) for x in (k, v))
     caps = captured_tensors(base)
     frame = _Frame(call, _Exchange(g, rank, world, o.strategy, stats), xp, len(caps))
-    out, lse = _apply(ContextParallel, frame, p.q, kw, vw, p.sink, *caps)
-    return narrow(out, p.out_dtype, xp=xp), lse, stats
+    out, lse = _apply(ContextParallel, frame, base.q, kw, vw, base.sink, *caps)
+    return narrow(out, base.out_dtype, xp=xp), lse, stats
 
 
 class _AllToAll(torch.autograd.Function):
