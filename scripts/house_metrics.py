@@ -210,7 +210,8 @@ def long_functions() -> list[str]:
     return hits
 
 
-def _resolves(dotted: str) -> bool:
+def resolves(dotted: str) -> bool:
+    """Whether ``dotted`` names a module, or an attribute (of an attribute...) of one."""
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
         try:
@@ -241,24 +242,26 @@ def _prose(path: Path) -> list[tuple[int, str]]:
     return out
 
 
-def stale_references() -> list[str]:
-    sys.path.insert(0, str(SRC))
-    places: list[tuple[str, int, str]] = []
+def dotted_places() -> list[tuple[str, str]]:
+    """``(where, dotted name)`` of every ``portattn._...`` name in the prose and ARCHITECTURE.md.
+
+    Shared with ``tests/test_house.py``, which asserts that each resolves.
+    """
+    places: list[tuple[str, str]] = []
     for path in sources():
-        places.extend((f"src/portattn/{rel(path)}", n, s) for n, s in _prose(path))
+        for line, text in _prose(path):
+            where = f"src/portattn/{rel(path)}:{line}"
+            places.extend((where, m.group(0)) for m in STALE.finditer(text))
     arch = ROOT / "ARCHITECTURE.md"
     if arch.exists():
-        places.extend(
-            ("ARCHITECTURE.md", n, line)
-            for n, line in enumerate(arch.read_text().splitlines(), start=1)
-        )
-    hits = []
-    for where, line, text in places:
-        for match in STALE.finditer(text):
-            dotted = match.group(0)
-            if not _resolves(dotted):
-                hits.append(f"{where}:{line} {dotted}")
-    return hits
+        for line, text in enumerate(arch.read_text().splitlines(), start=1):
+            places.extend((f"ARCHITECTURE.md:{line}", m.group(0)) for m in STALE.finditer(text))
+    return places
+
+
+def stale_references() -> list[str]:
+    sys.path.insert(0, str(SRC))
+    return [f"{where} {dotted}" for where, dotted in dotted_places() if not resolves(dotted)]
 
 
 def duplicate_pairs() -> str:

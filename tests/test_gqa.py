@@ -18,6 +18,7 @@ from array_api_compat import array_namespace
 
 import portattn as pa
 from portattn._core._prepare import prepare
+from portattn._core._variant import build_variant
 from portattn.testing import to_numpy
 
 from conftest import Backend, assert_close_on, impls_for
@@ -146,7 +147,7 @@ def test_keys_and_values_are_not_repeated(rng):
     assert p.k is k and p.v is v  # float64 already: not even a cast
     assert p.batch == (B, H)
     # Per-query-head padding lengths zero different keys per head: only then repeated.
-    p = prepare(q, k, v, key_lengths=np.full((B, H), 4), xp=np)
+    p = prepare(q, k, v, build_variant(key_lengths=np.full((B, H), 4)), xp=np)
     assert (p.groups, p.k.shape[-3]) == (1, H)
 
 

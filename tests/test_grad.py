@@ -19,6 +19,7 @@ import torch
 import portattn as pa
 from portattn import _attention
 from portattn._core._prepare import prepare
+from portattn._core._variant import build_variant
 from portattn._grad._backward import blockwise_backward
 
 F = torch.nn.functional
@@ -326,10 +327,8 @@ def test_generic_backward_runs_on_array_api_strict(rng):
 
     p = prepare(
         *(xps.asarray(arrays[n]) for n in "qkv"),
-        bias=xps.asarray(arrays["bias"]),
-        mask=xps.asarray(mask),
+        build_variant(bias=xps.asarray(arrays["bias"]), mask=xps.asarray(mask), **opts),
         xp=xps,
-        **opts,
     )
     out, lse = blockwise_attention(p, block_size=BLOCKS, xp=xps)
     lse_d = xps.asarray(d_lse)
@@ -566,7 +565,10 @@ def test_double_backward_where_auto_goes_blockwise(rng):
     q, k, v = _t(rng, 1, 300, 2), _t(rng, 1, 300, 2), _t(rng, 1, 300, 2)
     assert (
         _attention.auto_impl(
-            prepare(q, k, v, window=(5, 0), xp=torch), lib="torch", want_lse=False, xp=torch
+            prepare(q, k, v, build_variant(window=(5, 0)), xp=torch),
+            lib="torch",
+            want_lse=False,
+            xp=torch,
         )
         == "blockwise"
     )

@@ -3,7 +3,7 @@
 Query head ``h`` reads key/value head ``h // G`` (SDPA's ``enable_gqa``).
 Keys and values are never repeated. A :class:`~portattn._core._problem.Problem`
 keeps the query's layout, (..., H, Lq, d), for everything that has a head
-(masks, biases, lengths, sinks, the mods' ``h``), and its keys and values
+(masks, biases, lengths, sink logits, the mods' ``h``), and its keys and values
 keep theirs, (..., Hkv, Lk, d). Only the products that pair a query-side
 array with a key-side one know about groups, and they fold the group into
 the rows: (..., H, m, n) is viewed as (..., Hkv, G * m, n), a free reshape
@@ -15,18 +15,24 @@ matmul itself, in one fixed order.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from .._lib._checks import broadcastable, check_int, int_shape
 from .._lib._typing import Array, Namespace
 
 __all__ = [
+    "check_heads",
     "group_heads",
     "group_mask",
     "group_per_head",
     "grouped_matmul",
     "grouped_matmul_t",
+    "heads_layout",
     "kv_groups",
     "repeat_kv",
+    "split_heads",
     "ungroup_heads",
 ]
 
@@ -152,3 +158,66 @@ def group_per_head(t: Array, *, num_kv_heads: int, xp: Namespace) -> Array:
 def ungroup_heads(t: Array, *, xp: Namespace) -> Array:
     """The grouped (..., Hkv, G, Lq, d) of :func:`group_heads` back to (..., H, Lq, d)."""
     return xp.reshape(t, (*t.shape[:-4], int(t.shape[-4]) * int(t.shape[-3]), *t.shape[-2:]))
+
+
+def check_heads(num_heads: object, num_kv_heads: object) -> tuple[int, int]:
+    """``(H, Hkv)`` of a layer: positive, ``Hkv`` dividing ``H``; ``num_kv_heads=None`` is ``H``."""
+    h = check_int("num_heads", num_heads, minimum=1)
+    hkv = h if num_kv_heads is None else check_int("num_kv_heads", num_kv_heads, minimum=1)
+    if h % hkv:
+        msg = (
+            f"expected num_kv_heads to divide num_heads (each KV head serves a group of "
+            f"query heads), got num_heads={h}, num_kv_heads={hkv}"
+        )
+        raise ValueError(msg)
+    return h, hkv
+
+
+def split_heads(t: Array, heads: int, *, xp: Namespace) -> Array:
+    """A projection's token-major (..., L, heads * d) as head-major (..., heads, L, d)."""
+    nb = t.ndim - 2
+    t = xp.reshape(t, (*t.shape[:-1], heads, int(t.shape[-1]) // heads))  # (..., L, heads, d)
+    return xp.permute_dims(t, (*range(nb), nb + 1, nb, nb + 2))  # (..., heads, L, d)
+
+
+def heads_layout(
+    given: dict[str, Any], x_shape: tuple[int, ...], lk: int, *, heads: int, xp: Namespace
+) -> dict[str, Any]:
+    """A layer's options ``given`` with heads axes on ``mask`` and ``key_lengths``.
+
+    For a multi-head layer whose tokens ``x`` have shape ``x_shape``
+    (..., Lq, d): ``mask`` (..., Lq, Lk), shared by the heads, or in the
+    torch / Hugging Face layout (*batch, 1 or H, Lq, Lk), becomes
+    (..., 1 or H, Lq, Lk); ``key_lengths`` (...) becomes (..., 1). What
+    would silently enlarge the batch is refused, with the user's own shapes.
+    """
+    mask, key_lengths = given["mask"], given["key_lengths"]
+    batch, nb, lq_lk = x_shape[:-2], len(x_shape) - 2, (x_shape[-2], lk)
+    if mask is not None:
+        shape, has_heads = int_shape(mask), mask.ndim == nb + 3
+        if (
+            not 2 <= mask.ndim <= nb + 3
+            or (has_heads and shape[-3] not in (1, heads))
+            or not all(n in (1, m) for n, m in zip(shape[-2:], lq_lk, strict=False))
+            or not broadcastable(shape[: -3 if has_heads else -2], batch)
+        ):
+            msg = (
+                f"expected mask of shape (..., Lq, Lk) with (Lq, Lk) = {lq_lk} and a batch "
+                f"broadcastable with x's {batch} (x of shape {x_shape}), or in the torch / "
+                f"Hugging Face layout (*batch, 1 or num_heads={heads}, Lq, Lk); "
+                f"got mask shape {shape}"
+            )
+            raise ValueError(msg)
+        mask = mask if has_heads else xp.expand_dims(mask, axis=-3)  # (..., 1 or H, Lq, Lk)
+    if key_lengths is not None:
+        shape = int_shape(key_lengths)
+        if key_lengths.ndim > nb or not broadcastable(shape, batch):
+            msg = (
+                f"expected key_lengths with one length per sequence, broadcastable to x's "
+                f"batch shape {batch}, got shape {shape}"
+            )
+            if key_lengths.ndim == nb + 1 and shape[-1] == 1:
+                msg += f"; pass key_lengths[..., 0] (shape {shape[:-1]})"
+            raise ValueError(msg)
+        key_lengths = xp.expand_dims(key_lengths, axis=-1)  # (..., 1): for every head
+    return given | {"mask": mask, "key_lengths": key_lengths}

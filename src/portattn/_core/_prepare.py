@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from typing import Any
 
 import numpy as np
 
@@ -233,20 +232,16 @@ def prepare(
     *,
     scale: object = None,
     xp: Namespace,
-    **options: Any,
 ) -> Problem:
     """Check every argument and return the problem in compute precision.
 
-    ``variant`` comes from :func:`~portattn._core._variant.build_variant`.
-    ``value=None`` validates a weights-only call (:func:`attention_weights`).
-    Options are validated before anything is cached on them.
-
-    ``options`` (``build_variant``'s keywords, instead of ``variant``) is
-    for the callers not yet moved to :func:`~portattn._attention.attend`
-    (``MultiHeadAttention``, ``portattn.parallel``); it goes once they are.
+    ``variant`` comes from :func:`~portattn._core._variant.build_variant`
+    (``None``: no option). ``value=None`` validates a weights-only call
+    (:func:`attention_weights`). Options are validated before anything is
+    cached on them.
     """
     if variant is None:
-        variant = build_variant(**options)
+        variant = build_variant()
     score_mod, block_mask = variant.score_mod, variant.block_mask
     if score_mod is not None or block_mask is not None:
         variant = variant.without_flex()  # checked below, against the call's shapes

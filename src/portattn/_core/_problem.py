@@ -59,8 +59,12 @@ class Problem:
         return self.variant.mods
 
     @property
-    def sinks(self) -> Array | None:
-        """The sinks as a column against the scores, (..., 1, 1), or ``None``."""
+    def sink(self) -> Array | None:
+        """Each row's sink logit (``sinks``), a column against the scores (..., 1, 1), or ``None``.
+
+        One more logit per row, of value 0: the paths fold it into the
+        softmax (:func:`~portattn._core._softmax.add_sink`) and never read the option itself.
+        """
         sinks = self.variant.sinks
         return None if sinks is None else sinks[..., None, None]
 

@@ -24,10 +24,10 @@ from typing import Any, ClassVar, Literal
 
 from .._lib._checks import check_finite_scale
 from .._lib._typing import Array
-from ._flex import Mods
-from ._masks import Align, normalize_causal, normalize_window
+from ._flex import Mods, flex_mods
+from ._masks import Align, Structure, normalize_causal, normalize_window
 
-__all__ = ["ArraySpec", "Variant", "build_variant"]
+__all__ = ["SINK", "ArraySpec", "Variant", "build_variant"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +130,58 @@ class Variant:
         """This variant without the ``score_mod`` and ``block_mask`` it was asked for."""
         return dataclasses.replace(self, score_mod=None, block_mask=None)
 
+    def without_positions(self) -> Variant:
+        """This variant without what reads the rows' positions: positions and the mods asked for.
+
+        A shard's part where positions are global (context parallelism): the
+        caller applies :meth:`structure` and :meth:`flex` to the whole sequence.
+        """
+        return dataclasses.replace(self, causal=False, window=None, score_mod=None, block_mask=None)
+
+    def without_sink(self) -> Variant:
+        """This variant without its sink logits: a part over some of the keys, merged later.
+
+        A sink is one more logit per row, so only one of the parts merged by
+        log-sum-exp may count it (dask's pair tasks, context parallelism's pairs).
+        """
+        return self if self.sinks is None else self.with_arrays([(SINK, None)])
+
+    def structure(self, lq: int, lk: int) -> Structure:
+        """What ``causal`` and ``window`` leave visible of ``lq`` queries by ``lk`` keys."""
+        return Structure.build(lq, lk, self.causal, self.window)
+
+    def flex(self, *, batch: tuple[int, ...], lq: int, lk: int) -> Mods | None:
+        """The ``score_mod`` and ``block_mask`` asked for, checked against a (B, H, lq, lk) call."""
+        return flex_mods(self.score_mod, self.block_mask, batch=batch, lq=lq, lk=lk)
+
+    def for_heads(self, h0: int, h1: int, heads: int) -> Variant:
+        """This variant for query heads ``[h0, h1)`` of ``heads``: per-head arrays cut to them.
+
+        An array option in the ``"batch"`` layout whose last axis has
+        ``heads`` entries holds one per head; one of size 1 serves every head.
+        """
+        cut = [
+            (name, x[..., h0:h1])
+            for name, x in self.arrays()
+            if self.ARRAYS[name].layout == "batch" and x.ndim and x.shape[-1] == heads
+        ]
+        return self.with_arrays(cut) if cut else self
+
+    def kernel_lacks(self) -> tuple[str, str] | None:
+        """What a fused SDPA kernel cannot do of this variant, as ``(what, why)``; else ``None``.
+
+        The first option asked for that torch's and JAX's kernels have no
+        argument for, in words for ``impl='native'``'s refusal.
+        """
+        mods = self.mods
+        if mods is not None and mods.score_mod is not None:
+            return "run a score_mod", "takes no function of the scores"
+        if self.sinks is not None:
+            return "add attention sinks", "has no sink logit"
+        if self.softcap is not None:
+            return "soft-cap scores", "has no softcap"
+        return None
+
     def arrays(self) -> list[tuple[str, Array]]:
         """The array options present, as ``(field name, array)`` in :data:`ARRAYS` order."""
         present = []
@@ -167,6 +219,8 @@ class Variant:
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Variant))
+#: The array field that is one more logit per row (gpt-oss's attention sinks).
+SINK = "sinks"
 # The options that are neither arrays nor mods: plain values, a memo key's parts.
 _FLEX = ("mods", "score_mod", "block_mask")
 _SCALARS = tuple(name for name in _FIELDS if name not in Variant.ARRAYS and name not in _FLEX)

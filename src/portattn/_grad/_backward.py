@@ -43,7 +43,7 @@ from .._lib._compat import is_concrete
 from .._lib._typing import Array, Namespace
 from .._paths._blockwise import exp_cannot_underflow, problem_block_sizes, traced_block_sizes
 
-__all__ = ["Grads", "Pullback", "ScoreVjp", "blockwise_backward", "sum_to"]
+__all__ = ["Grads", "Pullback", "ScoreVjp", "blockwise_backward", "sink_grad", "sum_to"]
 
 
 @dataclass(slots=True)
@@ -154,14 +154,22 @@ def blockwise_backward(
 
 def _d_sinks(p: Problem, delta: Array, lse_col: Array, *, xp: Namespace) -> Array | None:
     """The sinks' gradient (``None`` without sinks), from ``D`` and the lse, (..., Lq, 1) each."""
-    sinks = p.variant.sinks
-    if sinks is None:
+    sinks, col = p.variant.sinks, p.sink
+    if sinks is None or col is None:
         return None
-    # The sink is a logit of value 0: dSink = P_sink (0 - D), P_sink = exp(sink - lse).
-    col = sinks[..., None, None]
-    p_sink = safe_exp(col - lse_col, exp_floor(p.q.dtype, xp=xp), xp=xp)  # (..., Lq, 1)
-    d_rows = xp.sum(-(p_sink * delta), axis=(-2, -1))  # (...)
-    return sum_to(d_rows, tuple(sinks.shape), xp=xp)
+    return xp.reshape(sink_grad(col, delta, lse_col, xp=xp), tuple(sinks.shape))
+
+
+def sink_grad(col: Array, delta: Array, lse_col: Array, *, xp: Namespace) -> Array:
+    """The gradient of a sink column ``col`` (..., 1, 1), shaped like it.
+
+    The sink is a logit of value 0: ``dSink = Σ_rows P_sink (0 - D)`` with
+    ``P_sink = exp(sink - lse)``; ``delta`` is ``D`` and ``lse_col`` the
+    row-shifted lse, (..., Lq, 1) each.
+    """
+    p_sink = safe_exp(col - lse_col, exp_floor(lse_col.dtype, xp=xp), xp=xp)  # (..., Lq, 1)
+    d_rows = xp.sum(-(p_sink * delta), axis=(-2, -1), keepdims=True)  # (..., 1, 1)
+    return sum_to(d_rows, tuple(col.shape), xp=xp)
 
 
 class _Sweep:

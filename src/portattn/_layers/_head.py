@@ -19,7 +19,7 @@ from .._lib._checks import (
     dtype_name,
 )
 from .._lib._compat import array_namespace, device_of, resolve_namespace
-from .._lib._random import from_numpy_float64, standard_normal
+from .._lib._random import draw_weights, from_numpy_float64
 from .._lib._typing import Array, Device, DType, Namespace
 
 __all__ = ["Head"]
@@ -127,9 +127,8 @@ class Head:
         rows = check_int("d_model", d_model, minimum=1)
         cols = check_int("d_head", d_head, minimum=1)
         sd = check_real("std", std, minimum=0.0)
-        w = standard_normal((3, rows, cols), seed=seed) * sd
-        wq, wk, wv = (from_numpy_float64(w[i], xp=ns, dtype=dtype, device=device) for i in range(3))
-        return cls(wq, wk, wv)
+        w = draw_weights([(rows, cols)] * 3, [sd] * 3, seed=seed, xp=ns, dtype=dtype, device=device)
+        return cls(*w)
 
     @classmethod
     def identity(

@@ -6,31 +6,32 @@ key/value heads (:mod:`portattn._core._groups`); torch conversion: :mod:`._torch
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
-import numpy as np
-
 from .._attention import attend
+from .._core._groups import check_heads, heads_layout, split_heads
 from .._core._masks import Causal
 from .._core._variant import Variant, build_variant
 from .._lib._checks import (
     check_array,
     check_flag,
-    check_floating,
     check_int,
     check_real,
     check_same_device,
+    check_shapes,
+    check_weights,
+    check_width,
     dtype_name,
+    int_shape,
     shown,
 )
 from .._lib._compat import array_namespace, device_of, resolve_namespace
-from .._lib._random import from_numpy_float64, standard_normal
+from .._lib._random import draw_weights
 from .._lib._typing import Array, Device, DType, Namespace
 from ._kvcache import KVCache, Staged, cache_step
-from ._positions import RopeLayout, rope_heads
+from ._positions import RopeLayout, check_rope, check_rope_call, rope_heads
 from ._torch_convert import from_torch, from_torch_weights, to_torch
 
 __all__ = ["MultiHeadAttention"]
@@ -108,7 +109,7 @@ class MultiHeadAttention:
         for name in _WEIGHTS[:4]:
             check_array(name, w[name])
         xp = array_namespace(*w.values(), names=_WEIGHTS)
-        self.num_heads, self.num_kv_heads = h, hkv = _heads(num_heads, num_kv_heads)
+        self.num_heads, self.num_kv_heads = h, hkv = check_heads(num_heads, num_kv_heads)
         self.d_head, self.d_model, self.d_context = _sizes(w, h, hkv, rope=rope, xp=xp)
         self.rope_base = check_real("rope_base", rope_base, above=1.0)  # as apply_rope's base
         self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
@@ -173,7 +174,7 @@ class MultiHeadAttention:
         2
         """
         ns, d = resolve_namespace(xp), check_int("d_model", d_model, minimum=1)
-        h, hkv = _heads(num_heads, num_kv_heads)
+        h, hkv = check_heads(num_heads, num_kv_heads)
         if d_head is None and d % h:
             msg = (
                 f"expected num_heads to divide d_model when d_head is not given, got "
@@ -185,13 +186,9 @@ class MultiHeadAttention:
         shapes: list[tuple[int, ...]] = [(d, inner), (d, kv), (d, kv), (inner, d)]
         if check_flag("bias", bias):
             shapes += [(inner,), (kv,), (kv,), (d,)]
-        ends = np.cumsum([math.prod(s) for s in shapes])
-        flat = standard_normal((int(ends[-1]),), seed=seed)
-        w = []
-        for name, shape, end in zip(_WEIGHTS, shapes, ends, strict=False):
-            a = flat[end - math.prod(shape) : end].reshape(shape)
-            a = a * (inner if name[1] == "o" else d) ** -0.5  # 1/sqrt(fan_in)
-            w.append(from_numpy_float64(a, xp=ns, dtype=dtype, device=device))
+        fan_in = [inner if name[1] == "o" else d for name in _WEIGHTS[: len(shapes)]]
+        scales = [n**-0.5 for n in fan_in]
+        w = draw_weights(shapes, scales, seed=seed, xp=ns, dtype=dtype, device=device)
         return cls._of(w, num_heads=h, num_kv_heads=hkv, rope=rope)
 
     @classmethod
@@ -331,8 +328,8 @@ class MultiHeadAttention:
             raise TypeError(msg)
         # The cache's lock is held from staging the new tokens to committing them.
         with nullcontext() if cache is None else cache.lock:
-            arrays = (x, context, mask, key_lengths, positions)
-            (q, k, v), variant, staged, xp = self._operands(arrays, causal, window, cache)
+            given = {"mask": mask, "causal": causal, "window": window, "key_lengths": key_lengths}
+            (q, k, v), variant, staged, xp = self._operands(x, context, positions, given, cache)
             out = attend(q, k, v, variant=variant, xp=xp)  # (..., H, Lq, dh)
             if staged is not None:
                 staged.commit()  # only once everything else succeeded
@@ -364,32 +361,34 @@ class MultiHeadAttention:
         >>> mha.weights(np.ones((5, 8), dtype=np.float32), causal=True).shape
         (4, 5, 5)
         """
-        arrays = (x, context, mask, key_lengths, positions)
-        (q, k, _), variant, _, xp = self._operands(arrays, causal, window, None)
+        given = {"mask": mask, "causal": causal, "window": window, "key_lengths": key_lengths}
+        (q, k, _), variant, _, xp = self._operands(x, context, positions, given, None)
         out = attend(q, k, None, variant=variant, xp=xp)  # (..., H, Lq, Lk)
         assert not isinstance(out, tuple)
         return out
 
     def _operands(
         self,
-        arrays: tuple[Array | None, ...],
-        causal: Causal,
-        window: int | tuple[int, int] | None,
+        x: Array,
+        context: Array | None,
+        positions: Array | None,
+        given: dict[str, Any],
         cache: KVCache | None,
     ) -> tuple[tuple[Array, Array, Array], Variant, Staged | None, Namespace]:
         """Every head's q, k and v for :func:`attend`, their variant, the staged tokens, the xp.
 
-        What does not depend on the projections is checked before they are computed.
+        ``given`` holds the call's options by name. What does not depend on
+        the projections is checked before they are computed.
         """
-        x, context, mask, key_lengths, positions = arrays
         check_array("x", x)
-        xp = array_namespace(*arrays, self.wq, names=_INPUTS)  # the call's one lookup
+        inputs = given | {"x": x, "context": context, "positions": positions}
+        xp = array_namespace(*(inputs[n] for n in _INPUTS), self.wq, names=_INPUTS)  # once
         src = self._source(x, context, positions, cache, xp=xp)
         lk = int(src.shape[-2]) + (0 if cache is None else cache.length)
-        mask, key_lengths = self._layout(x, mask, key_lengths, lk, xp=xp)
-        q = _split(_project(x, self.wq, self.bq), self.num_heads, xp=xp)  # (..., H, Lq, dh)
-        k = _split(_project(src, self.wk, self.bk), self.num_kv_heads, xp=xp)  # (..., Hkv, Lk, dh)
-        v = _split(_project(src, self.wv, self.bv), self.num_kv_heads, xp=xp)
+        options = heads_layout(given, int_shape(x), lk, heads=self.num_heads, xp=xp)
+        q = split_heads(_project(x, self.wq, self.bq), self.num_heads, xp=xp)  # (..., H, Lq, dh)
+        kv = ((self.wk, self.bk), (self.wv, self.bv))  # k, v (..., Hkv, Lk, dh)
+        k, v = (split_heads(_project(src, w, b), self.num_kv_heads, xp=xp) for w, b in kv)
         if self.rope is not None:
             offset = 0 if cache is None else cache.length
             q, k = rope_heads(
@@ -397,25 +396,20 @@ class MultiHeadAttention:
             )
         staged = None
         if cache is not None:  # k, v (..., Hkv, Lk, dh), Lk = all tokens so far
-            k, v, causal, staged = cache_step(cache, k, v, causal=causal, xp=xp)
+            k, v, causal, staged = cache_step(cache, k, v, causal=options["causal"], xp=xp)
+            options["causal"] = causal
         # One rank for q, k and v (a context may have fewer batch axes than x,
         # or more), so that the core reads the heads as groups.
         nd = max(q.ndim, k.ndim)
         q, k, v = (xp.reshape(t, (1,) * (nd - t.ndim) + tuple(t.shape)) for t in (q, k, v))
-        variant = build_variant(mask=mask, causal=causal, window=window, key_lengths=key_lengths)
-        return (q, k, v), variant, staged, xp
+        return (q, k, v), build_variant(**options), staged, xp
 
     def _source(
         self, x: Array, context: Array | None, positions: Array | None, cache: object, *, xp: Any
     ) -> Array:
         """Check ``x``, ``context`` and ``positions`` against the layer; return the keys' source."""
-        for name, a, axes in (("x", x, "Lq, d_model"), ("context", context, "Lk, d_context")):
-            width = self.d_model if name == "x" else self.d_context
-            if a is not None:
-                check_floating(name, a, xp=xp)
-            if a is not None and (a.ndim < 2 or int(a.shape[-1]) != width):
-                msg = f"expected {name} of shape (..., {axes}={width}), got shape {_shape(a)}"
-                raise ValueError(msg)
+        check_width("x", x, self.d_model, "Lq, d_model", xp=xp)
+        check_width("context", context, self.d_context, "Lk, d_context", xp=xp)
         if context is None and self.d_context != self.d_model:
             msg = (
                 f"expected a context (keys and values have width d_context={self.d_context} "
@@ -425,115 +419,28 @@ class MultiHeadAttention:
         if context is not None and cache is not None:
             msg = "expected cache=None with a context: the KV cache serves causal self-attention"
             raise ValueError(msg)
-        if context is not None and self.rope is not None:
-            msg = (
-                "expected context=None with rope: RoPE rotates by positions within one "
-                "sequence, and a cross-attention context has no shared positions"
-            )
-            raise ValueError(msg)
-        if positions is not None and self.rope is None:
-            msg = "expected positions=None for a MultiHeadAttention built with rope=None"
-            raise ValueError(msg)
-        lq = int(x.shape[-2])
-        if positions is not None and (positions.ndim < 1 or int(positions.shape[-1]) != lq):
-            msg = (
-                f"expected positions of shape (..., Lq={lq}) like x {_shape(x)}, "
-                f"got shape {_shape(positions)}"
-            )
-            raise ValueError(msg)
+        check_rope_call(self.rope, positions, context, int_shape(x))
         check_same_device([("weights", self.wq), ("x", x), ("context", context)])
         return x if context is None else context
-
-    def _layout(
-        self, x: Array, mask: Array | None, key_lengths: Array | None, lk: int, *, xp: Namespace
-    ) -> tuple[Array | None, Array | None]:
-        """``mask``, ``key_lengths`` given heads axes, (..., 1 or H, Lq, Lk) and (..., 1).
-
-        What would silently enlarge the batch is refused, with the user's own shapes.
-        """
-        batch, nb, lq_lk = _shape(x)[:-2], x.ndim - 2, (int(x.shape[-2]), lk)
-        if mask is not None:
-            shape, heads = _shape(mask), mask.ndim == nb + 3
-            if (
-                not 2 <= mask.ndim <= nb + 3
-                or (heads and shape[-3] not in (1, self.num_heads))
-                or not all(n in (1, m) for n, m in zip(shape[-2:], lq_lk, strict=False))
-                or not _fits(shape[: -3 if heads else -2], batch)
-            ):
-                msg = (
-                    f"expected mask of shape (..., Lq, Lk) with (Lq, Lk) = {lq_lk} and a batch "
-                    f"broadcastable with x's {batch} (x of shape {_shape(x)}), or in the torch / "
-                    f"Hugging Face layout (*batch, 1 or num_heads={self.num_heads}, Lq, Lk); "
-                    f"got mask shape {shape}"
-                )
-                raise ValueError(msg)
-            mask = mask if heads else xp.expand_dims(mask, axis=-3)  # (..., 1 or H, Lq, Lk)
-        if key_lengths is not None:
-            shape = _shape(key_lengths)
-            if key_lengths.ndim > nb or not _fits(shape, batch):
-                msg = (
-                    f"expected key_lengths with one length per sequence, broadcastable to x's "
-                    f"batch shape {batch}, got shape {shape}"
-                )
-                if key_lengths.ndim == nb + 1 and shape[-1] == 1:
-                    msg += f"; pass key_lengths[..., 0] (shape {shape[:-1]})"
-                raise ValueError(msg)
-            key_lengths = xp.expand_dims(key_lengths, axis=-1)  # (..., 1): for every head
-        return mask, key_lengths
-
-
-def _shape(a: Array) -> tuple[int, ...]:
-    return tuple(int(n) for n in a.shape)
-
-
-def _fits(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
-    """Whether ``shape`` and ``target`` broadcast together (NumPy rules, from the right)."""
-    return all(m == n or 1 in (m, n) for m, n in zip(shape[::-1], target[::-1], strict=False))
-
-
-def _heads(num_heads: object, num_kv_heads: object) -> tuple[int, int]:
-    """``(H, Hkv)``: positive, ``Hkv`` dividing ``H``; ``num_kv_heads=None`` means ``H``."""
-    h = check_int("num_heads", num_heads, minimum=1)
-    hkv = h if num_kv_heads is None else check_int("num_kv_heads", num_kv_heads, minimum=1)
-    if h % hkv:
-        msg = (
-            f"expected num_kv_heads to divide num_heads (each KV head serves a group of "
-            f"query heads), got num_heads={h}, num_kv_heads={hkv}"
-        )
-        raise ValueError(msg)
-    return h, hkv
 
 
 def _sizes(
     w: dict[str, Array], h: int, hkv: int, *, rope: object, xp: Namespace
 ) -> tuple[int, int, int]:
     """``(d_head, d_model, d_context)``: the weights ``w`` and ``rope`` checked together."""
-    for name, a in w.items():
-        if a is not None:
-            check_floating(name, a, xp=xp)
-        if name[0] == "w" and a.ndim != 2:
-            msg = f"expected {name} to be a 2-D matrix, got shape {_shape(a)}"
-            raise ValueError(msg)
-    (d_model, inner), d_context = _shape(w["wq"]), int(w["wk"].shape[0])
+    check_weights(list(w.items()), xp=xp)
+    (d_model, inner), d_context = int_shape(w["wq"]), int(w["wk"].shape[0])
     if inner % h:
         msg = (
             f"expected wq of shape (d_model, num_heads * d_head) with num_heads={h} "
-            f"dividing its {inner} columns, got shape {_shape(w['wq'])}"
+            f"dividing its {inner} columns, got shape {int_shape(w['wq'])}"
         )
         raise ValueError(msg)
     dh, kv = inner // h, (d_context, hkv * inner // h)
     sizes = f"num_heads={h}, num_kv_heads={hkv}, d_head={dh}, d_model={d_model}"
     want = [kv, kv, (inner, d_model), (inner,), kv[1:], kv[1:], (d_model,)]
-    for (name, a), shape in zip(list(w.items())[1:], want, strict=True):
-        if a is not None and _shape(a) != shape:
-            msg = f"expected {name} of shape {shape} ({sizes}), got shape {_shape(a)}"
-            raise ValueError(msg)
-    if rope is not None and (rope not in ("half", "interleaved") or dh % 2):
-        msg = (
-            "expected rope to be None, 'half' or 'interleaved' with an even d_head, "
-            f"got rope={rope!r} with d_head={dh}"
-        )
-        raise ValueError(msg)
+    check_shapes(list(w.items())[1:], want, why=sizes)
+    check_rope(rope, dh)
     check_same_device(list(w.items()))
     return dh, d_model, d_context
 
@@ -541,10 +448,3 @@ def _sizes(
 def _project(t: Array, w: Array, b: Array | None) -> Array:
     """``t @ w (+ b)``: one projection, token-major (..., L, heads * dh)."""
     return t @ w if b is None else t @ w + b
-
-
-def _split(t: Array, heads: int, *, xp: Namespace) -> Array:
-    """Token-major (..., L, heads * d) to head-major (..., heads, L, d)."""
-    nb = t.ndim - 2
-    t = xp.reshape(t, (*t.shape[:-1], heads, int(t.shape[-1]) // heads))  # (..., L, heads, d)
-    return xp.permute_dims(t, (*range(nb), nb + 1, nb, nb + 2))  # (..., heads, L, d)

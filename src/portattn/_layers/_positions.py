@@ -30,7 +30,15 @@ from .._lib._compat import array_namespace, device_of, resolve_namespace
 from .._lib._precision import compute_dtype, narrow
 from .._lib._typing import Array, Device, DType, Namespace
 
-__all__ = ["RopeLayout", "apply_rope", "rope_heads", "rope_positions", "sinusoidal_encoding"]
+__all__ = [
+    "RopeLayout",
+    "apply_rope",
+    "check_rope",
+    "check_rope_call",
+    "rope_heads",
+    "rope_positions",
+    "sinusoidal_encoding",
+]
 
 RopeLayout = Literal["half", "interleaved"]
 _LAYOUTS = ("half", "interleaved")
@@ -42,6 +50,38 @@ def _check_even(name: str, d: object) -> int:
         msg = f"expected {name} to be a positive even int (features come in sin/cos pairs), got {n}"
         raise ValueError(msg)
     return n
+
+
+def check_rope(rope: object, d_head: int) -> None:
+    """A layer's ``rope=``: ``None``, or a layout whose pairs fit ``d_head`` (even)."""
+    if rope is not None and (rope not in _LAYOUTS or d_head % 2):
+        msg = (
+            "expected rope to be None, 'half' or 'interleaved' with an even d_head, "
+            f"got rope={rope!r} with d_head={d_head}"
+        )
+        raise ValueError(msg)
+
+
+def check_rope_call(
+    rope: object, positions: Array | None, context: Array | None, x_shape: tuple[int, ...]
+) -> None:
+    """A layer call's ``positions`` and ``context`` against its ``rope`` and tokens (..., Lq, d)."""
+    if context is not None and rope is not None:
+        msg = (
+            "expected context=None with rope: RoPE rotates by positions within one "
+            "sequence, and a cross-attention context has no shared positions"
+        )
+        raise ValueError(msg)
+    if positions is not None and rope is None:
+        msg = "expected positions=None for a MultiHeadAttention built with rope=None"
+        raise ValueError(msg)
+    lq = x_shape[-2]
+    if positions is not None and (positions.ndim < 1 or int(positions.shape[-1]) != lq):
+        msg = (
+            f"expected positions of shape (..., Lq={lq}) like x {x_shape}, "
+            f"got shape {tuple(int(n) for n in positions.shape)}"
+        )
+        raise ValueError(msg)
 
 
 def _check_base(base: object) -> float:

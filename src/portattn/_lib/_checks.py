@@ -367,3 +367,43 @@ def check_dtype(name: str, dtype: object, *, xp: Namespace, kind: str = "real fl
         )
         raise TypeError(msg)
     return dtype
+
+
+def int_shape(x: Array) -> tuple[int, ...]:
+    """``x``'s shape as Python ints, for messages: a ``torch.Size`` prints as a plain tuple."""
+    return tuple(int(n) for n in x.shape)
+
+
+def broadcastable(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` and ``target`` broadcast together (NumPy rules, from the right)."""
+    return all(m == n or 1 in (m, n) for m, n in zip(shape[::-1], target[::-1], strict=False))
+
+
+def check_weights(named: Sequence[tuple[str, Array | None]], *, xp: Namespace) -> None:
+    """A layer's weights: real floating, the ``w*`` ones 2-D matrices (``b*`` may be None)."""
+    for name, a in named:
+        if a is not None:
+            check_floating(name, a, xp=xp)
+        if name[0] == "w" and a is not None and a.ndim != 2:
+            msg = f"expected {name} to be a 2-D matrix, got shape {int_shape(a)}"
+            raise ValueError(msg)
+
+
+def check_shapes(
+    named: Sequence[tuple[str, Array | None]], want: Sequence[tuple[int, ...]], *, why: str
+) -> None:
+    """Each array present of its wanted shape, or an error naming ``why`` (what decides it)."""
+    for (name, a), shape in zip(named, want, strict=True):
+        if a is not None and int_shape(a) != shape:
+            msg = f"expected {name} of shape {shape} ({why}), got shape {int_shape(a)}"
+            raise ValueError(msg)
+
+
+def check_width(name: str, a: Array | None, width: int, axes: str, *, xp: Namespace) -> None:
+    """A layer's tokens ``a``, if given: real floating, of shape (..., ``axes``) = ``width``."""
+    if a is None:
+        return
+    check_floating(name, a, xp=xp)
+    if a.ndim < 2 or int(a.shape[-1]) != width:
+        msg = f"expected {name} of shape (..., {axes}={width}), got shape {int_shape(a)}"
+        raise ValueError(msg)

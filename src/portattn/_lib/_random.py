@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import numpy as np
 
 from ._checks import check_dtype, check_int
 from ._typing import Array, Device, DType, Namespace
 
-__all__ = ["from_numpy_float64", "standard_normal"]
+__all__ = ["draw_weights", "from_numpy_float64", "standard_normal"]
 
 
 def standard_normal(shape: tuple[int, ...], *, seed: int) -> np.ndarray:
@@ -34,3 +37,27 @@ def from_numpy_float64(
         return xp.asarray(a, dtype=xp.float64, device=device)
     f32 = xp.asarray(a.astype(np.float32), dtype=xp.float32, device=device)
     return f32 if target == xp.float32 else xp.astype(f32, target)
+
+
+def draw_weights(
+    shapes: Sequence[tuple[int, ...]],
+    scales: Sequence[float],
+    *,
+    seed: int,
+    xp: Namespace,
+    dtype: DType | None,
+    device: Device | None,
+) -> list[Array]:
+    """Arrays of ``shapes`` filled in order from one float64 draw, each times its scale.
+
+    One :func:`standard_normal` draw of all the entries, cut in order: the
+    layers' seeded weights (``Head.random``, ``MultiHeadAttention.random``).
+    """
+    sizes = [math.prod(shape) for shape in shapes]
+    flat = standard_normal((sum(sizes),), seed=seed)
+    out, end = [], 0
+    for shape, size, scale in zip(shapes, sizes, scales, strict=True):
+        a = flat[end : end + size].reshape(shape) * scale
+        out.append(from_numpy_float64(a, xp=xp, dtype=dtype, device=device))
+        end += size
+    return out

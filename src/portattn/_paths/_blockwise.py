@@ -129,7 +129,7 @@ def blockwise_attention(
     # Immutable arrays (JAX) and lazy or traced ones get the blocks
     # concatenated: a graph then keeps the inputs' chunks (dask) and holds no
     # scatter into a fresh buffer. So do blocks that are not concrete while q
-    # is: torch.func.vmap over k, v, a bias, sinks or a tensor a mod captures
+    # is: torch.func.vmap over k, v, a bias, a sink or a tensor a mod captures
     # batches them, and a buffer built like q could not take them.
     in_place = concrete and is_writeable_array(p.q)
     out = lse = None
@@ -360,14 +360,14 @@ def _query_block(
         m = m_new
     if m is None:  # positions or the block mask hide every key from this query block
         out, lse = no_keys(p.batch, q1 - q0, p.dv, dtype=p.q.dtype, device=p.device, xp=xp)
-        if p.sinks is not None:  # the sink is the row's only logit
-            lse = expand(p.sinks[..., 0], (*p.batch, q1 - q0), xp=xp)
+        if p.sink is not None:  # the sink is the row's only logit
+            lse = expand(p.sink[..., 0], (*p.batch, q1 - q0), xp=xp)
         return out, lse
     assert acc is not None
     if ones_column:
         acc, total = acc[..., : p.dv], acc[..., p.dv :]
     assert total is not None
-    if p.sinks is not None:
-        acc, total, m = add_sink(acc, total, m, p.sinks, xp=xp)
+    if p.sink is not None:
+        acc, total, m = add_sink(acc, total, m, p.sink, xp=xp)
     out = acc / nonzero(total, xp=xp)
     return out, lse_from(m, total, xp=xp)

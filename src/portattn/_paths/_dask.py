@@ -42,6 +42,7 @@ from .._core._masks import Structure
 from .._core._merge import merge_attention
 from .._core._problem import Problem, Variant, expand
 from .._core._softmax import no_keys
+from .._core._variant import SINK
 from .._lib._compat import array_namespace, device_of, namespace_library
 from .._lib._typing import Array, Namespace
 from ._auto import auto_impl
@@ -119,7 +120,7 @@ class _Tile:
     block_size: tuple[int, int] | None
     variant: Variant  # the call's variant without its arrays
     options: tuple[str, ...]  # the variant's arrays that the task's option chunks are, in order
-    with_sinks: bool = True  # one pair per query chunk adds the sink, so the merge counts it once
+    with_sink: bool = True  # one pair per query chunk adds the sink, so the merge counts it once
     groups: int = 1  # query heads per key/value head: the chunks keep the call's grouping
 
 
@@ -127,8 +128,8 @@ def _pair(q: Array, k: Array, v: Array, options: list[Array], tile: _Tile, final
     """Attention of one query chunk over one key chunk: ``(out, lse)``, or ``out`` if final."""
     xp = array_namespace(q, k, v, *options)
     variant = tile.variant.with_arrays(zip(tile.options, options, strict=True))
-    if not tile.with_sinks and variant.sinks is not None:
-        variant = variant.with_arrays([("sinks", None)])
+    if not tile.with_sink:
+        variant = variant.without_sink()
     p = Problem(
         q=q,
         k=k,
@@ -163,12 +164,12 @@ def _merge(parts: list[tuple[Array, Array]], final: bool) -> Any:
     return out if final else (out, lse)
 
 
-def _hidden(q: Array, batch: tuple[int, ...], dv: int, final: bool, sinks: Any = None) -> Any:
+def _hidden(q: Array, batch: tuple[int, ...], dv: int, final: bool, sink: Any = None) -> Any:
     """A query chunk that sees no key at all: output 0, lse -inf (or the sink, its only logit)."""
     xp = array_namespace(q)
     out, lse = no_keys(batch, int(q.shape[-2]), dv, dtype=q.dtype, device=device_of(q), xp=xp)
-    if sinks is not None:
-        lse = expand(sinks[..., None], tuple(lse.shape), xp=xp)
+    if sink is not None:
+        lse = expand(sink[..., None], tuple(lse.shape), xp=xp)
     return out if final else (out, lse)
 
 
@@ -352,7 +353,7 @@ def _tasks(
                         block_size=block_size,
                         variant=static if p.mods is None else _shifted(static, origin, q0, k0),
                         options=tuple(g.options),
-                        with_sinks=j == visits[i][0],
+                        with_sink=j == visits[i][0],
                         groups=p.groups,
                     )
                 )
@@ -403,8 +404,8 @@ def _emit(
         )
         partials.append(pkey)
     if not partials:
-        sinks = g.options.get("sinks")
-        sink_key = None if sinks is None else g.block(sinks, bb)
+        sink = g.options.get(SINK)
+        sink_key = None if sink is None else g.block(sink, bb)
         batch = tuple(g.batch_chunks[a][b] for a, b in enumerate(bb))
         dsk[final_key] = (_hidden, g.block(g.q, bb, i, 0), batch, dv, not return_lse, sink_key)
     elif len(partials) > 1:

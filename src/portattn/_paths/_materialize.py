@@ -40,9 +40,9 @@ def materialize_attention(
     e, row_max, total = masked_exp(
         scores, allowed, xp=xp, may_hide=may_hide, no_empty_rows=full_rows
     )
-    if p.sinks is not None:
+    if p.sink is not None:
         ev = grouped_matmul(e, p.v, p.groups, xp=xp)
-        acc, total, row_max = add_sink(ev, total, row_max, p.sinks, xp=xp)
+        acc, total, row_max = add_sink(ev, total, row_max, p.sink, xp=xp)
         out = acc / nonzero(total, xp=xp)  # 0 only where the sink is -inf and no key is seen
     else:
         hides = (may_hide or allowed is not None) and not full_rows
@@ -59,9 +59,9 @@ def materialize_weights(p: Problem, *, xp: Namespace) -> Array:
     if p.lk == 0:
         return expand(empty_scores(p, xp=xp), (*p.batch, p.lq, 0), xp=xp)  # connected to autograd
     scores, allowed, may_hide = _scores(p, xp=xp)
-    if p.sinks is not None:  # the sink takes its share of each row: rows sum to below 1
+    if p.sink is not None:  # the sink takes its share of each row: rows sum to below 1
         e, row_max, total = masked_exp(scores, allowed, xp=xp, may_hide=True)
-        e, total, _ = add_sink(e, total, row_max, p.sinks, xp=xp)
+        e, total, _ = add_sink(e, total, row_max, p.sink, xp=xp)
         return expand(e / nonzero(total, xp=xp), (*p.batch, p.lq, p.lk), xp=xp)
     w, _, _ = masked_softmax(scores, allowed, xp=xp, may_hide=may_hide)
     return expand(w, (*p.batch, p.lq, p.lk), xp=xp)

@@ -49,19 +49,11 @@ def refusal(p: Problem, *, return_lse: bool, xp: Namespace) -> str | None:
             f"impl='native' cannot return the log-sum-exp on {lib}: its public attention "
             "kernel does not expose it; use impl='blockwise' or 'materialize' with return_lse=True"
         )
-    if p.mods is not None and p.mods.score_mod is not None:
+    lacks = p.variant.kernel_lacks()
+    if lacks is not None:
+        what, why = lacks
         return (
-            f"impl='native' cannot run a score_mod on {lib}: its fused kernel takes no "
-            "function of the scores; use impl='auto', 'blockwise' or 'materialize'"
-        )
-    if p.sinks is not None:
-        return (
-            f"impl='native' cannot add attention sinks on {lib}: its fused kernel has no "
-            "sink logit; use impl='auto', 'blockwise' or 'materialize'"
-        )
-    if p.variant.softcap is not None:
-        return (
-            f"impl='native' cannot soft-cap scores on {lib}: its fused kernel has no softcap; "
+            f"impl='native' cannot {what} on {lib}: its fused kernel {why}; "
             "use impl='auto', 'blockwise' or 'materialize'"
         )
     if lib == "jax" and p.lq > 0 and p.lk > 0:

@@ -135,7 +135,7 @@ def tiny_model(arch: str, *, attn_implementation: str, seed: int = 0) -> Any:
     A causal LM for each of :data:`ARCHITECTURES`: four query heads share two
     key/value heads, except GPT-2 (four of each). Mistral slides a window of
     4; Gemma 2 and gpt-oss slide one on their first layer; Gemma 2 soft-caps
-    its scores at 2.0; gpt-oss has attention sinks. Of
+    its scores at 2.0; gpt-oss adds a learnt sink logit per head. Of
     :data:`NON_CAUSAL_ARCHITECTURES`, T5 is a sequence-to-sequence LM with 4
     heads on each side and 2 layers each, and ModernBERT a masked LM with a
     local first layer. Dropout is 0 everywhere. Nothing is downloaded. The

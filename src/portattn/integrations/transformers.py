@@ -271,9 +271,9 @@ def _translate(
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     options: dict[str, Any] = {"scale": scaling, "softcap": kwargs.get("softcap")}
-    sinks = kwargs.get("s_aux")
     weights = _wants_weights(module, kwargs)
     offsets = _packed_offsets(query, key, kwargs)
+    sliding = kwargs.get("sliding_window")
     if offsets is not None:
         if weights:
             msg = (
@@ -281,25 +281,13 @@ def _translate(
                 "position_ids that restart), got it on: the packed path forms no weights"
             )
             raise ValueError(msg)
-        sliding = kwargs.get("sliding_window")
-        options["causal"] = "bottom_right" if is_causal else False
-        if sliding is not None:  # flash-attn's window in transformers: w - 1 back, 0 ahead
-            w = int(sliding)
-            options["window"] = (w - 1, 0) if is_causal else (w, w)  # as _causal_window
-        if sinks is not None:
-            options["sinks"] = _checked_sinks(sinks, hq=hq)
+        options |= _packed_causal_window(sliding, is_causal=is_causal)
+        options |= _sinks(kwargs.get("s_aux"), hq=hq, hkv=None, xp=xp)
         q, k, v = (x[0, ...].transpose(0, 1) for x in (query, key, value))  # (T, H, d)
         return _Call(q, k, v, options, offsets, weights=False)
-    mask, bias = _mask_parts(attention_mask, hq=hq, hkv=hkv, lq=lq, lk=lk, xp=xp)
-    options["mask"] = mask
-    options["bias"] = _with_position_bias(
-        bias, kwargs.get("position_bias"), hq=hq, hkv=hkv, lq=lq, lk=lk
-    )
-    options["causal"], options["window"] = _causal_window(
-        attention_mask, kwargs.get("sliding_window"), is_causal=is_causal, lq=lq, lk=lk
-    )
-    if sinks is not None:
-        options["sinks"] = group_per_head(_checked_sinks(sinks, hq=hq), num_kv_heads=hkv, xp=xp)
+    options |= _masks(attention_mask, kwargs.get("position_bias"), (hq, hkv, lq, lk), xp=xp)
+    options |= _causal_window(attention_mask, sliding, is_causal=is_causal, lq=lq, lk=lk)
+    options |= _sinks(kwargs.get("s_aux"), hq=hq, hkv=hkv, xp=xp)
     # Group the query heads onto their key/value head instead of repeating K and V:
     # q (B, Hkv, G, Lq, d) against k, v (B, Hkv, 1, Lk, d) broadcast over G.
     gq, gk, gv = group_heads(query, key, value, xp=xp)
@@ -363,12 +351,21 @@ def _check_call(
         raise ValueError(msg)
 
 
+def _packed_causal_window(sliding: object, *, is_causal: bool) -> dict[str, Any]:
+    """``causal`` and ``window`` for packed sequences: each aligned bottom-right, as flash-attn."""
+    causal = "bottom_right" if is_causal else False
+    if sliding is None:
+        return {"causal": causal}
+    w = int(cast("int", sliding))  # flash-attn's window in transformers: w - 1 back, 0 ahead
+    return {"causal": causal, "window": (w - 1, 0) if is_causal else (w, w)}  # as _causal_window
+
+
 def _causal_window(
     attention_mask: torch.Tensor | None, sliding: object, *, is_causal: bool, lq: int, lk: int
-) -> tuple[bool | str, tuple[int, int] | None]:
+) -> dict[str, Any]:
     """``causal`` and ``window`` for a dense call: from the layer only when there is no mask."""
     if attention_mask is not None:
-        return False, None  # the mask carries causality and the window
+        return {}  # the mask carries causality and the window
     # The convention of transformers' sdpa path: one query token sees
     # every cached key; a longer block is aligned top-left (a prefill into
     # a static cache whose later slots are still empty).
@@ -380,10 +377,10 @@ def _causal_window(
     # cannot bind (sdpa_mask skips it for kv_length < window), and its eager
     # path then attends to every key: so does this one.
     if sliding is None or not (is_causal or lq == lk):
-        return causal, None
+        return {"causal": causal}
     # transformers' overlays: causal keeps q - k < w, bidirectional |q - k| <= w
     w = int(cast("int", sliding))
-    return causal, ((w - 1, 0) if is_causal else (w, w))
+    return {"causal": causal, "window": (w - 1, 0) if is_causal else (w, w)}
 
 
 def _packed_offsets(
@@ -457,6 +454,20 @@ def _mask_parts(
     raise TypeError(msg)
 
 
+def _masks(
+    attention_mask: torch.Tensor | None,
+    position_bias: object,
+    sizes: tuple[int, int, int, int],
+    *,
+    xp: Namespace,
+) -> dict[str, Any]:
+    """``mask`` and ``bias`` of a dense call: the model's mask, and T5's position bias added."""
+    hq, hkv, lq, lk = sizes
+    mask, bias = _mask_parts(attention_mask, hq=hq, hkv=hkv, lq=lq, lk=lk, xp=xp)
+    bias = _with_position_bias(bias, position_bias, hq=hq, hkv=hkv, lq=lq, lk=lk)
+    return {"mask": mask, "bias": bias}
+
+
 def _with_position_bias(
     bias: torch.Tensor | None,
     position_bias: object,
@@ -491,13 +502,16 @@ def _with_position_bias(
     return grouped if bias is None else bias + grouped
 
 
-def _checked_sinks(sinks: object, *, hq: int) -> torch.Tensor:
-    """gpt-oss's sinks, one per query head: checked to be a tensor of shape (Hq,)."""
-    if not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (hq,):
-        got = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__qualname__
+def _sinks(s_aux: object, *, hq: int, hkv: int | None, xp: Namespace) -> dict[str, Any]:
+    """gpt-oss's ``s_aux``, one per query head (Hq,), as ``sinks``; grouped onto ``hkv`` heads."""
+    if s_aux is None:
+        return {}
+    if not isinstance(s_aux, torch.Tensor) or tuple(s_aux.shape) != (hq,):
+        got = tuple(s_aux.shape) if isinstance(s_aux, torch.Tensor) else type(s_aux).__qualname__
         msg = f"expected s_aux (attention sinks) to be a tensor of shape ({hq},), got {got}"
         raise ValueError(msg)
-    return sinks
+    sinks = s_aux if hkv is None else group_per_head(s_aux, num_kv_heads=hkv, xp=xp)
+    return {"sinks": sinks}
 
 
 def _wants_weights(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:

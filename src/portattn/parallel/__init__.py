@@ -33,11 +33,12 @@ from __future__ import annotations
 
 from typing import Any, Literal, overload
 
-from .._core._masks import normalize_window
+from .._core._variant import Variant, build_variant
 from .._lib._checks import check_finite_scale, check_flag, check_int_pair
 from .._lib._compat import array_namespace, namespace_library
-from .._lib._typing import Array
+from .._lib._typing import Array, Namespace
 from ._layout import Layout, check_layout, positions, shard, unshard
+from ._options import Setup
 from ._schedule import Stats
 
 __all__ = ["STRATEGIES", "Stats", "attention", "last_stats", "positions", "shard", "unshard"]
@@ -184,10 +185,38 @@ def attention(
     """
     xp = array_namespace(q, k, v)
     lib = namespace_library(xp)
-    options = _checked(
-        strategy, layout, causal, window, scale, softcap, score_mod, block_mask, block_size
+    if strategy not in STRATEGIES:
+        msg = f"expected strategy to be one of {STRATEGIES}, got {strategy!r}"
+        raise ValueError(msg)
+    if causal is not True and causal is not False:
+        msg = f"expected causal to be True or False (positions are global), got {causal!r}"
+        raise ValueError(msg)
+    variant = build_variant(
+        causal=causal,
+        window=window,
+        softcap=softcap,
+        score_mod=score_mod,
+        block_mask=block_mask,
+        sinks=sinks,
     )
+    setup = _setup(strategy, layout, variant, scale, block_size)
     want_lse = check_flag("return_lse", return_lse)
+    out, lse = _run(q, k, v, setup, group, axis_name, lib=lib, xp=xp)
+    return (out, lse) if want_lse else out
+
+
+def _run(
+    q: Array,
+    k: Array,
+    v: Array,
+    setup: Setup,
+    group: Any,
+    axis_name: Any,
+    *,
+    lib: str,
+    xp: Namespace,
+) -> tuple[Array, Array]:
+    """The call on its library's collectives: a torch.distributed group, or a JAX mesh axis."""
     if lib == "torch":
         if axis_name is not None:
             msg = (
@@ -197,7 +226,7 @@ def attention(
             raise ValueError(msg)
         from ._torch import torch_attention
 
-        out, lse, stats = torch_attention(q, k, v, sinks, options, group, xp)
+        out, lse, stats = torch_attention(q, k, v, setup, group, xp)
         _LAST[:] = [stats]
     elif lib == "jax":
         if group is not None:
@@ -208,44 +237,25 @@ def attention(
             raise ValueError(msg)
         from ._jax import jax_attention
 
-        out, lse = jax_attention(q, k, v, sinks, options, axis_name, xp)
+        out, lse = jax_attention(q, k, v, setup, axis_name, xp)
     else:
         msg = (
             "portattn.parallel.attention needs torch tensors (with a torch.distributed group) "
             f"or JAX arrays (inside jax.shard_map, with axis_name=), got {lib} arrays"
         )
         raise TypeError(msg)
-    return (out, lse) if want_lse else out
+    return out, lse
 
 
-def _checked(
-    strategy: object,
-    layout: object,
-    causal: object,
-    window: object,
-    scale: object,
-    softcap: object,
-    score_mod: object,
-    block_mask: object,
-    block_size: object,
-) -> Any:
-    from ._options import Options
-
-    if strategy not in STRATEGIES:
-        msg = f"expected strategy to be one of {STRATEGIES}, got {strategy!r}"
-        raise ValueError(msg)
-    if causal is not True and causal is not False:
-        msg = f"expected causal to be True or False (positions are global), got {causal!r}"
-        raise ValueError(msg)
-    return Options(
+def _setup(
+    strategy: object, layout: object, variant: Variant, scale: object, block_size: object
+) -> Setup:
+    """The call's own arguments checked, beside its options (the variant, checked already)."""
+    return Setup(
         strategy=str(strategy),
         layout=check_layout(layout),
-        causal=bool(causal),
-        window=None if window is None else normalize_window(window),
+        variant=variant,
         scale=None if scale is None else check_finite_scale(scale),
-        softcap=None if softcap is None else check_finite_scale(softcap, name="softcap"),
-        score_mod=score_mod,
-        block_mask=block_mask,
         block_size=None
         if block_size is None
         else check_int_pair("block_size", block_size, minimum=1),

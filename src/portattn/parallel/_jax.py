@@ -25,17 +25,16 @@ from typing import Any
 
 from jax import lax
 
-from .._core._masks import Structure
 from .._core._merge import merge_attention
 from .._core._prepare import prepare
 from .._core._problem import Problem
 from .._grad._autodiff import blockwise_attention
 from .._lib._precision import narrow
 from .._lib._typing import Array, Namespace
-from ._layout import chunk_size, shard, unshard
-from ._options import Options
-from ._schedule import Schedule, Stats
-from ._steps import Call, assemble, fold_sinks, forward_source
+from ._layout import shard, unshard
+from ._options import Setup
+from ._schedule import Stats, check_ulysses, ring_setup, shard_mods
+from ._steps import Call, assemble, fold_sink, forward_source
 
 __all__ = ["jax_attention"]
 
@@ -62,35 +61,16 @@ def _axis(axis_name: Any) -> tuple[int, Array]:
         raise ValueError(msg) from None
 
 
-def _mods(p: Problem, o: Options, length: int, heads: tuple[int, int]) -> Any:
-    from .._core._flex import flex_mods
-
-    mods = flex_mods(o.score_mod, o.block_mask, batch=(p.batch[0], heads[1]), lq=length, lk=length)
-    return None if mods is None else mods.shifted(0, heads[0], 0, 0)
-
-
 def jax_attention(
-    q: Array, k: Array, v: Array, sinks: Array | None, o: Options, axis_name: Any, xp: Namespace
+    q: Array, k: Array, v: Array, o: Setup, axis_name: Any, xp: Namespace
 ) -> tuple[Array, Array]:
     """This device's output and lse shard; differentiable with ``jax.grad``."""
     world, rank = _axis(axis_name)
     if o.strategy == "ulysses":
-        return _ulysses(q, k, v, sinks, o, axis_name, world, rank, xp)
-    n = int(q.shape[-2])
-    if o.layout == "zigzag" and n % 2:
-        msg = (
-            f"layout='zigzag' needs an even shard length (2P chunks in all), got {n} rows per rank"
-        )
-        raise ValueError(msg)
-    p = prepare(q, k, v, scale=o.scale, softcap=o.softcap, sinks=sinks, xp=xp)
-    length = n * world
-    mods = _mods(p, o, length, (0, int(q.shape[-3])))
-    base = dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods))
-    sched = Schedule(
-        world, 0, o.layout, n, Structure.build(length, length, o.causal, o.window), mods
-    )
+        return _ulysses(q, k, v, o, axis_name, world, rank, xp)
+    base, sched = ring_setup(q, k, v, o, world, 0, xp=xp)
     call = Call(sched, base, o.block_size, Stats(), int(k.shape[-1]), int(k.shape[-3]))
-    kv = xp.concat([xp.astype(k, p.q.dtype), xp.astype(v, p.q.dtype)], axis=-1)
+    kv = xp.concat([xp.astype(k, base.q.dtype), xp.astype(v, base.q.dtype)], axis=-1)
     if o.strategy == "allgather":
         every = lax.all_gather(kv, axis_name)  # (P, B, Hkv, n, d + dv)
     acc = None
@@ -102,13 +82,13 @@ def jax_attention(
             _varying(_step(call, r, (r - t) % world, o.strategy, int(v.shape[-1]), xp), axis_name)
             for r in range(world)
         ]
-        out, lse = lax.switch(rank, branches, p.q, held)
+        out, lse = lax.switch(rank, branches, base.q, held)
         acc = (out, lse) if acc is None else merge_attention([acc[0], out], [acc[1], lse])
     assert acc is not None
     out, lse = acc
-    if p.variant.sinks is not None:
-        out, lse = fold_sinks(out, lse, p.variant.sinks, xp=xp)
-    return narrow(out, p.out_dtype, xp=xp), lse
+    if base.sink is not None:
+        out, lse = fold_sink(out, lse, base.sink, xp=xp)
+    return narrow(out, base.out_dtype, xp=xp), lse
 
 
 def _varying(fn: Callable[..., tuple[Array, Array]], axis_name: Any) -> Callable[..., Any]:
@@ -149,22 +129,14 @@ def _ulysses(
     q: Array,
     k: Array,
     v: Array,
-    sinks: Array | None,
-    o: Options,
+    o: Setup,
     axis_name: Any,
     world: int,
     rank: Array,
     xp: Namespace,
 ) -> tuple[Array, Array]:
     """All-to-all to head sharding, attention on the whole sequence, all-to-all back."""
-    h, hkv = int(q.shape[-3]), int(k.shape[-3])
-    if q.ndim != 4 or h % world or hkv % world:
-        msg = (
-            f"strategy='ulysses' needs P={world} to divide the query heads H={h} and the "
-            f"key/value heads Hkv={hkv} of (B, H, L/P, d) shards; use strategy='ring'"
-        )
-        raise ValueError(msg)
-    chunk_size(int(q.shape[-2]) * world, world, o.layout)
+    h, _ = check_ulysses(q, k, world, o.layout)
 
     def to_heads(x: Array) -> Array:
         y = _all_to_all(x, axis_name, 1, 2, tiled=True)  # (B, Hx/P, P·n, d), rank order
@@ -172,7 +144,7 @@ def _ulysses(
         return unshard([y[..., s * n : (s + 1) * n, :] for s in range(world)], layout=o.layout)
 
     qh, kh, vh = (to_heads(x) for x in (q, k, v))
-    branches = [_varying(_heads_branch(o, r, world, h, sinks, xp), axis_name) for r in range(world)]
+    branches = [_varying(_heads_branch(o, r, world, h, xp), axis_name) for r in range(world)]
     out, lse = lax.switch(rank, branches, qh, kh, vh)
     both = xp.concat([out, lse[..., None]], axis=-1)
     parts = [shard(both, rank=s, world=world, layout=o.layout) for s in range(world)]
@@ -181,26 +153,14 @@ def _ulysses(
 
 
 def _heads_branch(
-    o: Options, rank: int, world: int, h: int, sinks: Array | None, xp: Namespace
+    o: Setup, rank: int, world: int, h: int, xp: Namespace
 ) -> Callable[[Array, Array, Array], tuple[Array, Array]]:
     h0, h1 = rank * h // world, (rank + 1) * h // world
-    mine = sinks
-    if sinks is not None and sinks.ndim and sinks.shape[-1] == h:
-        mine = sinks[..., h0:h1]
+    variant = o.variant.for_heads(h0, h1, h)
 
     def run(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
-        p = prepare(
-            q,
-            k,
-            v,
-            causal=o.causal,
-            window=o.window,
-            scale=o.scale,
-            softcap=o.softcap,
-            sinks=mine,
-            xp=xp,
-        )
-        mods = _mods(p, o, int(q.shape[-2]), (h0, h))
+        p = prepare(q, k, v, variant.without_flex(), scale=o.scale, xp=xp)
+        mods = shard_mods(p, variant, int(q.shape[-2]), (h0, h))
         p = dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods))
         return blockwise_attention(p, block_size=o.block_size, xp=xp)
 

@@ -21,12 +21,25 @@ from dataclasses import dataclass, field
 from .._core._flex import EMPTY, Mods
 from .._core._groups import kv_groups
 from .._core._masks import Structure
+from .._core._prepare import prepare
 from .._core._problem import Problem
+from .._core._variant import Variant
 from .._lib._typing import Array, Namespace
 from .._paths._blockwise import problem_block_sizes
-from ._layout import Layout, row_starts
+from ._layout import Layout, chunk_size, row_starts
+from ._options import Setup
 
-__all__ = ["Pair", "Schedule", "Stats", "group_heads", "pair_problem", "tiles_of"]
+__all__ = [
+    "Pair",
+    "Schedule",
+    "Stats",
+    "check_ulysses",
+    "group_heads",
+    "pair_problem",
+    "ring_setup",
+    "shard_mods",
+    "tiles_of",
+]
 
 
 @dataclass(frozen=True)
@@ -97,15 +110,15 @@ class Schedule:
 def pair_problem(
     base: Problem, pair: Pair, q: Array, k: Array, v: Array, *, xp: Namespace
 ) -> Problem:
-    """The pair's problem: ``base``'s options (sinks aside) on the chunks ``q``, ``k``, ``v``.
+    """The pair's problem: ``base``'s options (the sink aside) on the chunks ``q``, ``k``, ``v``.
 
     ``q`` is already scaled and ``k``, ``v`` in the compute dtype; ``k`` and
     ``v`` may have fewer heads than ``q`` (GQA): they travel the ring with
     their own heads, and the pair's problem reads them as ``attention`` does
     (:mod:`portattn._core._groups`): never repeated.
-    Sinks are folded in once per row after the merge, not per pair.
+    A sink is folded in once per row after the merge, not per pair.
     """
-    variant = dataclasses.replace(base.variant, sinks=None, mods=pair.mods)
+    variant = dataclasses.replace(base.variant.without_sink(), mods=pair.mods)
     groups = kv_groups(q, k, v)
     return Problem(q, k, v, variant, pair.structure, base.batch, q.dtype, base.device, 1.0, groups)
 
@@ -131,3 +144,45 @@ def group_heads(x: Array, heads: int, *, xp: Namespace) -> Array:
     lead, tail = tuple(x.shape[:-3]), tuple(x.shape[-2:])
     grouped = xp.reshape(x, (*lead, heads, h // heads, *tail))
     return xp.sum(grouped, axis=-3)
+
+
+def shard_mods(p: Problem, variant: Variant, length: int, heads: tuple[int, int]) -> Mods | None:
+    """The call's mods for the whole sequence, checked against it (a block mask for ``L``).
+
+    ``heads`` is ``(h0, H)``: this problem's first query head, and how many the call has.
+    """
+    mods = variant.flex(batch=(p.batch[0], heads[1]), lq=length, lk=length)
+    return None if mods is None else mods.shifted(0, heads[0], 0, 0)
+
+
+def check_ulysses(q: Array, k: Array, world: int, layout: Layout) -> tuple[int, int]:
+    """``(H, Hkv)`` of (B, H, L/P, d) shards that Ulysses can re-shard by heads, or an error."""
+    h, hkv = int(q.shape[-3]), int(k.shape[-3])
+    if q.ndim != 4 or h % world or hkv % world:
+        msg = (
+            f"strategy='ulysses' needs P={world} to divide the query heads H={h} and the "
+            f"key/value heads Hkv={hkv} of (B, H, L/P, d) shards; use strategy='ring'"
+        )
+        raise ValueError(msg)
+    chunk_size(int(q.shape[-2]) * world, world, layout)
+    return h, hkv
+
+
+def ring_setup(
+    q: Array, k: Array, v: Array, o: Setup, world: int, rank: int, *, xp: Namespace
+) -> tuple[Problem, Schedule]:
+    """The shards prepared (dtypes, scale, GQA, the sink) with the call's mods, and the schedule.
+
+    Positions and mods are the whole sequence's: the schedule cuts them per pair.
+    """
+    n = int(q.shape[-2])
+    if o.layout == "zigzag" and n % 2:
+        msg = (
+            f"layout='zigzag' needs an even shard length (2P chunks in all), got {n} rows per rank"
+        )
+        raise ValueError(msg)
+    p = prepare(q, k, v, o.variant.without_positions(), scale=o.scale, xp=xp)
+    length = n * world
+    mods = shard_mods(p, o.variant, length, (0, int(q.shape[-3])))
+    sched = Schedule(world, rank, o.layout, n, o.variant.structure(length, length), mods)
+    return dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods)), sched

@@ -6,7 +6,7 @@ shard of one source rank at a time.
 
 Forward, the pairs of this rank's query chunks with ``src``'s key chunks run
 the blockwise kernel and are merged by log-sum-exp into running
-accumulators; sinks are folded in once at the end, as one more logit per row.
+accumulators; a sink is folded in once at the end, as one more logit per row.
 
 Backward, each pair runs :func:`~portattn._grad._backward.blockwise_backward`
 with the *whole* call's output and lse for its rows (what FlashAttention-2's
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from .._core._merge import merge_attention
 from .._core._problem import Problem
-from .._core._softmax import exp_floor, no_keys, row_shift, safe_exp
-from .._grad._backward import ScoreVjp, blockwise_backward, sum_to
+from .._core._softmax import no_keys, row_shift
+from .._grad._backward import ScoreVjp, blockwise_backward, sink_grad
 from .._lib._typing import Array, Namespace
 from .._paths._blockwise import blockwise_attention as plain_blockwise
 from ._schedule import Schedule, Stats, group_heads, pair_problem, tiles_of
@@ -32,9 +32,9 @@ __all__ = [
     "add_captures",
     "assemble",
     "backward_source",
-    "fold_sinks",
+    "d_sink",
+    "fold_sink",
     "forward_source",
-    "sinks_grad",
 ]
 
 Partial = tuple[Array, Array] | None
@@ -103,21 +103,20 @@ def assemble(c: Call, acc: list[Partial], dv: int, *, xp: Namespace) -> tuple[Ar
     return xp.concat(outs, axis=-2), xp.concat(lses, axis=-1)
 
 
-def fold_sinks(out: Array, lse: Array, sinks: Array, *, xp: Namespace) -> tuple[Array, Array]:
-    """One more logit per row, of value 0 (gpt-oss sinks): a merge with a zero output."""
-    col = xp.broadcast_to(sinks[..., None], tuple(lse.shape))  # sinks: the batch axes
+def fold_sink(out: Array, lse: Array, sink: Array, *, xp: Namespace) -> tuple[Array, Array]:
+    """One more logit per row, of value 0 (``sink``, a column): a merge with a zero output."""
+    col = xp.broadcast_to(sink[..., 0], tuple(lse.shape))  # (..., 1): the batch axes
     return merge_attention([out, xp.zeros_like(out)], [lse, col])
 
 
-def sinks_grad(
-    sinks: Array, out: Array, lse: Array, d_out: Array, d_lse: Array | None, *, xp: Namespace
+def d_sink(
+    sink: Array, out: Array, lse: Array, d_out: Array, d_lse: Array | None, *, xp: Namespace
 ) -> Array:
-    """``dSink = -Σ_rows P_sink · D`` with ``P_sink = exp(sink - lse)``, on this rank's rows."""
-    delta = xp.sum(d_out * out, axis=-1)  # (..., n)
+    """The gradient of the ``sink`` column from this rank's rows (``dSink = -Σ P_sink · D``)."""
+    delta = xp.sum(d_out * out, axis=-1, keepdims=True)  # (..., n, 1)
     if d_lse is not None:
-        delta = delta - d_lse
-    p_sink = safe_exp(sinks[..., None] - row_shift(lse, xp=xp), exp_floor(lse.dtype, xp=xp), xp=xp)
-    return sum_to(xp.sum(-(p_sink * delta), axis=-1), tuple(sinks.shape), xp=xp)
+        delta = delta - d_lse[..., None]
+    return sink_grad(sink, delta, row_shift(lse, xp=xp)[..., None], xp=xp)
 
 
 @dataclass

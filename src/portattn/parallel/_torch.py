@@ -25,8 +25,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .._core._flex import flex_mods
-from .._core._masks import Structure
 from .._core._prepare import prepare
 from .._core._problem import Problem
 from .._grad._autodiff import blockwise_attention
@@ -34,18 +32,18 @@ from .._grad._backward import ScoreVjp
 from .._grad._torch import captured_tensors, score_vjp
 from .._lib._precision import narrow
 from .._lib._typing import Array, Namespace
-from ._layout import Layout, chunk_size, shard, unshard
-from ._options import Options
-from ._schedule import Schedule, Stats, tiles_of
+from ._layout import Layout, shard, unshard
+from ._options import Setup
+from ._schedule import Stats, check_ulysses, ring_setup, shard_mods, tiles_of
 from ._steps import (
     Call,
     Cotangents,
     add_captures,
     assemble,
     backward_source,
-    fold_sinks,
+    d_sink,
+    fold_sink,
     forward_source,
-    sinks_grad,
 )
 
 __all__ = ["ContextParallel", "torch_attention"]
@@ -169,7 +167,7 @@ class _Frame:
     call: Call
     exchange: _Exchange
     xp: Namespace
-    captures: int  # how many captured tensors follow the sinks among the inputs
+    captures: int  # how many captured tensors follow the sink among the inputs
 
 
 class ContextParallel(torch.autograd.Function):
@@ -177,7 +175,7 @@ class ContextParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, f: _Frame, q: Array, k: Array, v: Array, sinks: Array | None, *captures: Array
+        ctx: Any, f: _Frame, q: Array, k: Array, v: Array, sink: Array | None, *captures: Array
     ) -> tuple[Array, Array]:
         c, xp = f.call, f.xp
         kv = torch.cat([k, v], dim=-1).contiguous()  # one message per step
@@ -185,24 +183,24 @@ class ContextParallel(torch.autograd.Function):
         for src, buf in f.exchange.sources(kv):
             acc = forward_source(c, src, q, buf, acc, xp=xp)
         out, lse = assemble(c, acc, v.shape[-1], xp=xp)
-        if sinks is not None:
-            out, lse = fold_sinks(out, lse, sinks, xp=xp)
-        ctx.save_for_backward(q, k, v, sinks, out, lse, *captures)
+        if sink is not None:
+            out, lse = fold_sink(out, lse, sink, xp=xp)
+        ctx.save_for_backward(q, k, v, sink, out, lse, *captures)
         ctx.frame = f
         return out, lse
 
     @staticmethod
     def backward(ctx: Any, d_out: Array | None, d_lse: Array | None) -> tuple[Any, ...]:
         f: _Frame = ctx.frame
-        q, k, v, sinks, out, lse, *caps = ctx.saved_tensors
+        q, k, v, sink, out, lse, *caps = ctx.saved_tensors
         if d_out is None:
             d_out = torch.zeros_like(out)
         t = Cotangents(q, out, lse, d_out, d_lse)
         dq, dkv, d_caps = _ring_backward(f, t, torch.cat([k, v], dim=-1).contiguous(), caps)
         d = k.shape[-1]
-        d_sinks = None if sinks is None else sinks_grad(sinks, out, lse, d_out, d_lse, xp=f.xp)
+        d_s = None if sink is None else d_sink(sink, out, lse, d_out, d_lse, xp=f.xp)
         d_caps = d_caps or [torch.zeros_like(x) for x in caps]
-        return None, dq, dkv[..., :d], dkv[..., d:], d_sinks, *d_caps
+        return None, dq, dkv[..., :d], dkv[..., d:], d_s, *d_caps
 
 
 def _vjp_maker(f: _Frame, caps: list[Array]) -> Callable[[Problem], ScoreVjp] | None:
@@ -244,47 +242,24 @@ def _ring_backward(
     return dq, pending[0], d_caps
 
 
-def _base(q: Array, k: Array, v: Array, sinks: Array | None, o: Options, xp: Namespace) -> Problem:
-    """``prepare`` on the shards (dtypes, scale, GQA, sinks), without positions or mods."""
-    return prepare(q, k, v, scale=o.scale, softcap=o.softcap, sinks=sinks, xp=xp)
-
-
-def _mods(p: Problem, o: Options, length: int, heads: tuple[int, int]) -> Any:
-    """The call's mods for the whole sequence, checked against it (a block mask for ``L``)."""
-    batch = (p.batch[0], heads[1])
-    mods = flex_mods(o.score_mod, o.block_mask, batch=batch, lq=length, lk=length)
-    return None if mods is None else mods.shifted(0, heads[0], 0, 0)
-
-
 def torch_attention(
-    q: Array, k: Array, v: Array, sinks: Array | None, o: Options, group: Any, xp: Namespace
+    q: Array, k: Array, v: Array, o: Setup, group: Any, xp: Namespace
 ) -> tuple[Array, Array, Stats]:
     """This rank's output and lse shard (work dtype for lse) and what it did."""
     g, rank, world = _members(group)
     _same_shapes(g, world, q, k, v)
     if o.strategy == "ulysses":
-        return _ulysses(q, k, v, sinks, o, g, rank, world, xp)
-    n = int(q.shape[-2])
-    if o.layout == "zigzag" and n % 2:
-        msg = (
-            f"layout='zigzag' needs an even shard length (2P chunks in all), got {n} rows per rank"
-        )
-        raise ValueError(msg)
-    p = _base(q, k, v, sinks, o, xp)
-    length = n * world
-    mods = _mods(p, o, length, (0, int(q.shape[-3])))
-    structure = Structure.build(length, length, o.causal, o.window)
-    sched = Schedule(world, rank, o.layout, n, structure, mods)
-    base = dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods))
+        return _ulysses(q, k, v, o, g, rank, world, xp)
+    base, sched = ring_setup(q, k, v, o, world, rank, xp=xp)
     stats = Stats()
     call = Call(
         sched, base.without_arrays(), o.block_size, stats, int(k.shape[-1]), int(k.shape[-3])
     )
-    kw, vw = (x if x.dtype == p.q.dtype else x.to(p.q.dtype) for x in (k, v))
+    kw, vw = (x if x.dtype == base.q.dtype else x.to(base.q.dtype) for x in (k, v))
     caps = captured_tensors(base)
     frame = _Frame(call, _Exchange(g, rank, world, o.strategy, stats), xp, len(caps))
-    out, lse = _apply(ContextParallel, frame, p.q, kw, vw, p.variant.sinks, *caps)
-    return narrow(out, p.out_dtype, xp=xp), lse, stats
+    out, lse = _apply(ContextParallel, frame, base.q, kw, vw, base.sink, *caps)
+    return narrow(out, base.out_dtype, xp=xp), lse, stats
 
 
 class _AllToAll(torch.autograd.Function):
@@ -328,42 +303,16 @@ def _to_sequence(y: Array, group: Any, stats: Stats, world: int, layout: Layout)
 
 
 def _ulysses(
-    q: Array,
-    k: Array,
-    v: Array,
-    sinks: Array | None,
-    o: Options,
-    g: Any,
-    rank: int,
-    world: int,
-    xp: Namespace,
+    q: Array, k: Array, v: Array, o: Setup, g: Any, rank: int, world: int, xp: Namespace
 ) -> tuple[Array, Array, Stats]:
     """All-to-all to head sharding, attention on the whole sequence, all-to-all back."""
-    h, hkv = int(q.shape[-3]), int(k.shape[-3])
-    if q.ndim != 4 or h % world or hkv % world:
-        msg = (
-            f"strategy='ulysses' needs P={world} to divide the query heads H={h} and the "
-            f"key/value heads Hkv={hkv} of (B, H, L/P, d) shards; use strategy='ring'"
-        )
-        raise ValueError(msg)
-    chunk_size(int(q.shape[-2]) * world, world, o.layout)
+    h, _ = check_ulysses(q, k, world, o.layout)
     stats = Stats()
     qh, kh, vh = (_to_heads(x, g, stats, world, o.layout) for x in (q, k, v))
     h0, h1 = rank * h // world, (rank + 1) * h // world
-    if sinks is not None and sinks.ndim and sinks.shape[-1] == h:
-        sinks = sinks[..., h0:h1]
-    p = prepare(
-        qh,
-        kh,
-        vh,
-        causal=o.causal,
-        window=o.window,
-        scale=o.scale,
-        softcap=o.softcap,
-        sinks=sinks,
-        xp=xp,
-    )
-    mods = _mods(p, o, int(qh.shape[-2]), (h0, h))
+    variant = o.variant.for_heads(h0, h1, h)
+    p = prepare(qh, kh, vh, variant.without_flex(), scale=o.scale, xp=xp)
+    mods = shard_mods(p, variant, int(qh.shape[-2]), (h0, h))
     p = dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods))
     stats.pairs, stats.tiles = 1, tiles_of(p, o.block_size, xp=xp)
     out, lse = blockwise_attention(p, block_size=o.block_size, xp=xp)
