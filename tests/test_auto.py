@@ -213,3 +213,37 @@ def test_auto_stays_off_the_kernel_for_an_inf_key_hidden_only_by_causality(rng, 
     spy.clear()
     pa.attention(q, k.nan_to_num(posinf=1.0), v, causal=True)  # finite keys: the kernel again
     assert spy == ["native"]
+
+
+# (B, H, Hkv, Lq, Lk, d) -> the path torch's auto takes with the threshold at 2 * 8 * 64 * 16
+GROUPED_DECODE = {
+    (2, 8, 2, 1, 64, 16): "materialize",  # B * H * Lk * d at the threshold: materialise
+    (2, 8, 2, 1, 63, 16): "native",  # just below it: SDPA's fixed cost is the smaller one
+    (2, 8, 8, 1, 64, 16): "native",  # no groups: SDPA reads each head once anyway
+    (2, 8, 2, 2, 64, 16): "native",  # two queries: not a decode step
+}
+
+
+@pytest.mark.parametrize("shape", sorted(GROUPED_DECODE))
+def test_auto_materialises_a_large_grouped_decode_step_on_torch(rng, spy, monkeypatch, shape):
+    """torch's CPU SDPA with enable_gqa is slower than materialising one query against grouped
+    keys past a size (benchmarks/decode.py, "lq1"); auto takes materialize there, and agrees
+    with SDPA, gradients included."""
+    torch = pytest.importorskip("torch")
+    from portattn._paths import _auto
+
+    monkeypatch.setattr(_auto, "TORCH_MATERIALIZE_GQA_DECODE", 2 * 8 * 64 * 16)
+    b, h, hkv, lq, lk, d = shape
+    q, k, v = (
+        torch.tensor(rng.standard_normal((b, n, length, d)), requires_grad=True)
+        for n, length in ((h, lq), (hkv, lk), (hkv, lk))
+    )
+    got = pa.attention(q, k, v)
+    assert spy == [GROUPED_DECODE[shape]]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=h != hkv)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    d_out = torch.from_numpy(rng.standard_normal(want.shape))
+    grads = torch.autograd.grad(got, (q, k, v), d_out)
+    wants = torch.autograd.grad(want, (q, k, v), d_out)
+    for a, w in zip(grads, wants, strict=True):
+        torch.testing.assert_close(a, w, rtol=1e-10, atol=1e-12)

@@ -192,7 +192,10 @@ def attention(
         ``scaled_dot_product_attention``), without ``softcap`` and without
         ``return_lse``, and with no position mask larger than the generic
         path's own working memory (plain, top-left ``causal`` and
-        ``key_lengths`` always qualify; other masks only for small calls).
+        ``key_lengths`` always qualify; other masks only for small calls),
+        except a grouped-query decode step (one query, ``Hkv < H``) of at
+        least 2**24 multiply-adds (B * H * Lk * d), which materialises:
+        torch's CPU kernel with ``enable_gqa`` is slower there.
         Otherwise, and on every other library, it materialises below
         256 x 256 (query, key) pairs per batch entry and goes blockwise
         above, except that one query (a decode step) materialises against

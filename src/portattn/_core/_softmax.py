@@ -12,7 +12,6 @@ import numbers
 from .._lib._checks import check_floating, shown
 from .._lib._compat import (
     array_namespace,
-    at_least,
     clipped_exp,
     device_of,
     host_float,
@@ -178,7 +177,9 @@ def masked_exp(
         # Nothing is -inf, so no row is empty; raising exponents below the
         # floor to the floor turns weights under 1e-25 (float32) into weights
         # under 1e-25: one cheap pass instead of a compare and a where.
-        e = xp.exp(at_least(scores - row_max, floor, xp=xp))
+        # scores - row_max is fresh scratch: clipped and exponentiated in place
+        # on NumPy and torch (two fewer allocations of the scores' size).
+        e = clipped_exp(scores - row_max, floor, xp=xp, overwrite=True)
     elif no_empty_rows and not may_hide:
         e = safe_exp(scores - row_max, floor, xp=xp)  # hidden entries: exp(-inf) = 0
     else:

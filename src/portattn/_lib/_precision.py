@@ -50,6 +50,13 @@ def torch_autocast_off(device: Device) -> AbstractContextManager[Any] | None:
     import torch
 
     kind = device.type
-    if not torch.amp.is_autocast_available(kind) or not torch.is_autocast_enabled(kind):
+    available = _AUTOCAST_AVAILABLE.get(kind)
+    if available is None:  # fixed per device type: asked once, not on every call
+        available = _AUTOCAST_AVAILABLE[kind] = torch.amp.is_autocast_available(kind)
+    if not available or not torch.is_autocast_enabled(kind):
         return None  # meta tensors: no autocast at all
     return torch.autocast(kind, enabled=False)
+
+
+# Device type -> whether torch has autocast there (False for meta tensors).
+_AUTOCAST_AVAILABLE: dict[str, bool] = {}

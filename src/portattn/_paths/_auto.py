@@ -11,7 +11,12 @@ from .._core._problem import Problem
 from .._lib._typing import Namespace
 from ._native import auto_delegates
 
-__all__ = ["MATERIALIZE_ANY_LK_AT_LQ", "MATERIALIZE_MAX_PAIRS", "auto_impl"]
+__all__ = [
+    "MATERIALIZE_ANY_LK_AT_LQ",
+    "MATERIALIZE_MAX_PAIRS",
+    "TORCH_MATERIALIZE_GQA_DECODE",
+    "auto_impl",
+]
 
 # Below this many (query, key) pairs per batch entry, materialising the score
 # matrix is cheaper than any blocking machinery.
@@ -20,8 +25,15 @@ MATERIALIZE_MAX_PAIRS = 256 * 256
 # scores, (..., 1, Lk), are a d-th of the keys it reads, and the blocking
 # machinery only adds passes. Measured (benchmarks/decode.py, "lq1"; NumPy,
 # one thread): blockwise takes 1.7x to 2.0x materialize's time from Lk=32768
-# to 262144; torch takes SDPA (the rule above this one).
+# to 262144.
 MATERIALIZE_ANY_LK_AT_LQ = 1
+# On torch a grouped decode step materialises too once its products are this
+# many multiply-adds (B * H * Lk * d): torch 2.13's CPU SDPA with enable_gqa
+# took 1.3x to 1.45x the materialising path's time at 2**24 to 2**26
+# ((1, 32, 8, 1, 4096, 128), (8, 32, 8, 1, 2048, 128); one thread), and
+# about as long at 2**22. Below, or without groups, SDPA's fixed cost is the
+# smaller one (benchmarks/decode.py, "lq1").
+TORCH_MATERIALIZE_GQA_DECODE = 2**24
 
 
 def auto_impl(p: Problem, *, lib: str, want_lse: bool, xp: Namespace) -> str:
@@ -29,15 +41,29 @@ def auto_impl(p: Problem, *, lib: str, want_lse: bool, xp: Namespace) -> str:
 
     ``lib`` is ``xp``'s library name, which callers already hold.
     """
-    if lib == "torch" and auto_delegates(
-        p, return_lse=want_lse, materialize_max_pairs=MATERIALIZE_MAX_PAIRS, xp=xp
+    s = p.structure
+    if (
+        lib == "torch"
+        and not _grouped_decode(p)
+        and auto_delegates(
+            p, return_lse=want_lse, materialize_max_pairs=MATERIALIZE_MAX_PAIRS, xp=xp
+        )
     ):
         return "native"
-    s = p.structure
     long = s.lq * s.lk > MATERIALIZE_MAX_PAIRS and s.lq > MATERIALIZE_ANY_LK_AT_LQ
     if long or _has_empty_tiles(p):
         return "blockwise"
     return "materialize"
+
+
+def _grouped_decode(p: Problem) -> bool:
+    """One query per row against grouped keys large enough that materialising beats SDPA."""
+    if p.groups == 1 or p.lq != MATERIALIZE_ANY_LK_AT_LQ:
+        return False
+    work: int = p.lk * p.q.shape[-1]
+    for n in p.batch:
+        work *= n
+    return work >= TORCH_MATERIALIZE_GQA_DECODE
 
 
 def _has_empty_tiles(p: Problem) -> bool:

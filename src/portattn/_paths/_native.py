@@ -98,7 +98,15 @@ def auto_delegates(
       that hides keys pays one reduction over the keys and a host read,
       where the keys can be read (not under ``torch.compile``).
     """
-    if namespace_library(xp) != "torch" or refusal(p, return_lse=return_lse, xp=xp) is not None:
+    if namespace_library(xp) != "torch":
+        return False
+    va = p.variant
+    plain = va.positions_only and va.softcap is None and va.sinks is None
+    if plain and not return_lse and p.structure.trivial:
+        # Nothing to refuse, no mask to hand over, no key hidden: the rule
+        # below says yes, and a decode step asks it for every token.
+        return True
+    if refusal(p, return_lse=return_lse, xp=xp) is not None:
         return False
     if p.mods is not None:  # a block mask: the blockwise path skips its empty tiles, SDPA cannot
         return False
