@@ -488,6 +488,41 @@ def test_playground_follows_the_controls(chapter_page: tuple[Any, Visit]) -> Non
     visit.assert_clean()
 
 
+def test_live_head_equals_portattn(chapter_page: tuple[Any, Visit]) -> None:
+    """The page's forward pass (docs/assets/live.js) is portattn's, on 20 random sentences."""
+    from sitegen import live
+
+    page, visit = chapter_page
+    rng = np.random.default_rng(30)
+    worst = 0.0
+    for k in range(20):
+        n = int(rng.integers(1, 10))
+        tokens = [live.VOCABULARY[int(i)] for i in rng.integers(0, len(live.VOCABULARY), n)]
+        causal = k % 2 == 0
+        got = page.evaluate("([t, c]) => window.portattnLive.forward(t, c)", [tokens, causal])
+        weights, out = live.forward(tokens, causal=causal)
+        for name, ours in (("weights", weights), ("out", out)):
+            err = float(np.max(np.abs(np.asarray(got[name]) - ours)))
+            assert err <= 1e-6, (tokens, causal, name, err)
+            worst = max(worst, err)
+    print(f"live head: largest |page - portattn| over 20 sentences = {worst:.1e}")
+    # Typing redraws the grid with those numbers; a word outside the vocabulary is named.
+    box = page.locator(".pa-live-input")
+    box.fill("the bird saw a big red ball")
+    cells = page.locator(".pa-live .pa-hm-cell").evaluate_all(
+        "cs => cs.map(c => [+c.dataset.row, +c.dataset.col, +c.dataset.weight])"
+    )
+    weights, _ = live.forward(["the", "bird", "saw", "a", "big", "red", "ball"], causal=True)
+    assert len(cells) == weights.size
+    for i, j, w in cells:
+        assert abs(w - weights[i, j]) <= 1e-6
+    assert page.locator(".pa-live .pa-hm-cell.pa-hm-hidden").count() == 21
+    box.fill("the unicorn sat")
+    assert "unicorn" in page.locator(".pa-live-said").inner_text()
+    assert page.locator(".pa-live .pa-hm-cell").count() == 0
+    visit.assert_clean()
+
+
 def test_dataflow_shows_the_example_shapes(chapter_page: tuple[Any, Visit]) -> None:
     from sitegen.dataflow import shapes
 
