@@ -131,12 +131,13 @@ _OUTSIDE: dict[int, list[str]] = {}
 def _empty_index(route: Any) -> None:
     import json
 
-    real = json.loads(route.fetch().text())
-    route.fulfill(
-        status=200,
-        content_type="application/json",
-        body=json.dumps({"config": real.get("config", {}), "docs": []}),
-    )
+    if route.request.url not in _EMPTY_INDEX:  # read the real one once per site
+        config = json.loads(route.fetch().text()).get("config", {})
+        _EMPTY_INDEX[route.request.url] = json.dumps({"config": config, "docs": []})
+    route.fulfill(status=200, content_type="application/json", body=_EMPTY_INDEX[route.request.url])
+
+
+_EMPTY_INDEX: dict[str, str] = {}
 
 
 def open_page(
