@@ -24,8 +24,10 @@
     return fill(text.attends, { q: tokens[i], parts: parts.join(", ") });
   }
 
-  /* The colour scale under the grid: the colormap as a gradient, and the hatch. */
-  function scale(text, map) {
+  /* The colour scale under a grid: the colormap as a gradient, and the hatch
+   * (left out when nothing is masked, as on the playground). Shared through
+   * portattnWidgets, so every HTML grid on the site shows the same scale. */
+  function scale(text, map, noMask) {
     var box = el("div", { class: "pa-hm-scale", "aria-hidden": "true" });
     var bar = el("span", { class: "pa-hm-scale-bar" });
     var stops = [];
@@ -34,10 +36,12 @@
     box.appendChild(el("span", {}, "0%"));
     box.appendChild(bar);
     box.appendChild(el("span", {}, "100%"));
+    if (noMask) return box;
     box.appendChild(el("span", { class: "pa-hm-scale-mask" }));
     box.appendChild(el("span", {}, text.masked));
     return box;
   }
+  window.portattnWidgets.scale = scale;
 
   function init(root) {
     var data = JSON.parse(root.querySelector(".pa-heatmap-data").textContent);

@@ -95,6 +95,7 @@
     var panes = el("div", { class: "pa-pg-panes" });
     var left = el("div", {}), right = el("div", {});
     left.appendChild(table);
+    left.appendChild(window.portattnWidgets.scale(text, data.colormap, true));  // heatmap.js
     left.appendChild(sharp);
     right.appendChild(plot);
     panes.appendChild(left);

@@ -94,6 +94,52 @@ class Visit:
         assert self.requests, "the page made no request at all"
 
 
+# Material fetches the whole search index (both editions, about 0.6 MB) on
+# every page and indexes it in a worker, Japanese segmenter included: seconds
+# of CPU per page that only the search test needs. Other pages get an index
+# with the site's own configuration and no documents; the search test
+# (test_site_languages.py) loads the real one.
+SEARCH_INDEX = "/search/search_index.json"
+
+
+def new_context(
+    browser: Any, *, javascript: bool = True, width: int = 1280, scheme: str = "light"
+) -> Any:
+    """A browser context with one layout; pages opened in it share its HTTP cache.
+
+    Requests that leave 127.0.0.1 from outside a page's own routes (a worker's)
+    are refused here and listed in :data:`_OUTSIDE`, which :func:`open_page` reads.
+    """
+    context = browser.new_context(
+        java_script_enabled=javascript,
+        viewport={"width": width, "height": 900},
+        color_scheme=scheme,
+    )
+    seen = _OUTSIDE.setdefault(id(context), [])
+
+    def refuse(route: Any) -> None:
+        seen.append(route.request.url)
+        route.abort()
+
+    context.route(lambda url: urlsplit(url).hostname != "127.0.0.1", refuse)
+    return context
+
+
+_OUTSIDE: dict[int, list[str]] = {}
+
+
+def _empty_index(route: Any) -> None:
+    import json
+
+    if route.request.url not in _EMPTY_INDEX:  # read the real one once per site
+        config = json.loads(route.fetch().text()).get("config", {})
+        _EMPTY_INDEX[route.request.url] = json.dumps({"config": config, "docs": []})
+    route.fulfill(status=200, content_type="application/json", body=_EMPTY_INDEX[route.request.url])
+
+
+_EMPTY_INDEX: dict[str, str] = {}
+
+
 def open_page(
     browser: Any,
     url: str,
@@ -101,14 +147,22 @@ def open_page(
     javascript: bool = True,
     width: int = 1280,
     scheme: str = "light",
+    context: Any = None,
+    search: bool = False,
 ) -> tuple[Any, Visit]:
-    context = browser.new_context(
-        java_script_enabled=javascript,
-        viewport={"width": width, "height": 900},
-        color_scheme=scheme,
-    )
+    """Open ``url`` and wait for it to settle; what it requested is in the returned Visit.
+
+    Without ``context`` the page gets a context of its own (close it with
+    ``page.context.close()``); with one (from :func:`new_context`, laid out
+    already) the page is opened in it and the caller closes only the page.
+    ``search=True`` serves the real search index (see :data:`SEARCH_INDEX`).
+    """
+    if context is None:
+        context = new_context(browser, javascript=javascript, width=width, scheme=scheme)
     page = context.new_page()
     visit = Visit()
+    worker_outside = _OUTSIDE.setdefault(id(context), [])
+    before = len(worker_outside)
 
     def on_request(route: Any) -> None:
         target = route.request.url
@@ -116,10 +170,13 @@ def open_page(
         if urlsplit(target).hostname != "127.0.0.1":
             visit.outside.append(target)
             route.abort()
+        elif not search and urlsplit(target).path.endswith(SEARCH_INDEX):
+            _empty_index(route)
         else:
             route.continue_()
 
-    context.route("**/*", on_request)
+    # On the page, not the context: a context may serve many pages in turn.
+    page.route("**/*", on_request)
     page.on("console", lambda m: m.type == "error" and visit.console_errors.append(m.text))
     page.on("pageerror", lambda e: visit.page_errors.append(str(e)))
     # "load" first: on a busy machine the network can go idle while a long page
@@ -127,6 +184,7 @@ def open_page(
     page.goto(url, wait_until="load")
     page.wait_for_load_state("networkidle")
     page.evaluate("document.fonts.ready.then(() => true)")
+    visit.outside += worker_outside[before:]
     return page, visit
 
 

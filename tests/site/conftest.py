@@ -17,9 +17,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -128,6 +129,35 @@ def browser() -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
-def screenshots() -> Path:
+def screenshots() -> Path | None:
+    """Where page screenshots go when ``PORTATTN_SCREENSHOTS=1``; None (none taken) otherwise.
+
+    A full-page screenshot costs seconds per page and layout and checks
+    nothing, so the docs session takes none unless asked.
+    """
+    if os.environ.get("PORTATTN_SCREENSHOTS") != "1":
+        return None
     SCREENSHOTS.mkdir(exist_ok=True)
     return SCREENSHOTS
+
+
+@pytest.fixture(scope="session")
+def layouts(browser: Any) -> Iterator[Callable[[int, str], Any]]:
+    """``layouts(width, scheme)``: one browser context per layout, shared by every test.
+
+    Pages opened in the same context share its HTTP cache (the stylesheets,
+    scripts and fonts load once, not once per page); each test opens and
+    closes its own page in it.
+    """
+    from browsing import new_context
+
+    made: dict[tuple[int, str], Any] = {}
+
+    def get(width: int, scheme: str) -> Any:
+        if (width, scheme) not in made:
+            made[width, scheme] = new_context(browser, width=width, scheme=scheme)
+        return made[width, scheme]
+
+    yield get
+    for context in made.values():
+        context.close()

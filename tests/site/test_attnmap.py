@@ -87,3 +87,39 @@ def test_bad_shapes_are_refused() -> None:
             attnmap.draw(ax, np.zeros(3), lang="en")
     finally:
         plt.close(fig)
+
+
+def test_an_outlined_row_is_drawn_around_that_row() -> None:
+    svg = attnmap.figure(
+        [attnmap.Panel(np.full((4, 4), 0.25), outline=2)],
+        lang="en",
+        name="outline",
+        label="l",
+        caption="c",
+    )
+    assert svg.count(attnmap.OUTLINE.lower()) == 2  # wide and narrow drawings
+    bare = attnmap.figure(
+        [attnmap.Panel(np.full((4, 4), 0.25))], lang="en", name="o", label="l", caption="c"
+    )
+    assert attnmap.OUTLINE.lower() not in bare
+
+
+# The heatmaps of these pages, each drawn by attnmap (a ``pa-attn`` figure with
+# the colour bar's title), none by a page's own imshow.
+HEATMAP_PAGES = {"beyond": 4, "huggingface": 1}
+
+
+@pytest.mark.parametrize("lang", ["en", "ja"])
+@pytest.mark.parametrize("name", sorted(HEATMAP_PAGES))
+def test_every_heatmap_on_the_page_is_drawn_by_attnmap(
+    site_dir: Path, name: str, lang: str
+) -> None:
+    prefix = "ja/" if lang == "ja" else ""
+    page = (site_dir / prefix / name / "index.html").read_text(encoding="utf-8")
+    figures = re.findall(r"<figure class=\"([^\"]*)\">(.*?)</figure>", page, re.S)
+    heatmaps = [body for css, body in figures if "<image" in body]
+    drawn = [body for css, body in figures if "pa-attn" in css.split()]
+    assert len(drawn) == HEATMAP_PAGES[name], [css for css, _ in figures]
+    assert len(heatmaps) == len(drawn)
+    for body in drawn:
+        assert t("scale_title", lang) in body

@@ -23,11 +23,25 @@ from portattn.testing import to_numpy
 _table = table
 
 
-@pytest.fixture
-def chapter_page(browser: Any, base_url: str) -> Iterator[tuple[Any, Visit]]:
-    page, visit = _open(browser, f"{base_url}/chapter/")
+@pytest.fixture(scope="module")
+def _chapter_once(layouts: Any, base_url: str) -> Iterator[tuple[Any, Visit]]:
+    page, visit = _open(None, f"{base_url}/chapter/", context=layouts(DESKTOP, "light"))
     yield page, visit
-    page.context.close()
+    page.close()
+
+
+@pytest.fixture
+def chapter_page(_chapter_once: tuple[Any, Visit]) -> tuple[Any, Visit]:
+    """The chapter, opened once for all its tests; each starts with the causal mask on.
+
+    The tests click the widget, never reload: what one leaves behind (a
+    selected row, the mask off) is set back here, or read by none.
+    """
+    page, _ = _chapter_once
+    toggle = page.locator(".pa-heatmap .pa-hm-toggle")
+    if toggle.get_attribute("aria-checked") != "true":
+        toggle.click()
+    return _chapter_once
 
 
 FIGURES = "article figure, article svg, article img, article math"
@@ -109,11 +123,36 @@ def _shot_name(page_path: str) -> str:
 # -- every page -----------------------------------------------------------------
 
 
+# Each page is opened once per layout (1400 and 390 px, light and dark), in a
+# browser context shared across pages (conftest.py ``layouts``).
+
+_CLIPPED_MATH = """() => [...document.querySelectorAll('.pa-math-block')]
+    .filter(b => b.getBoundingClientRect().width > 0)
+    .filter(b => b.scrollWidth > b.clientWidth + 1)
+    .map(b => b.querySelector('math').getAttribute('alttext').slice(0, 60))"""
+
+
+def _assert_contrast(page: Any, scheme: str) -> None:
+    """Figure text reads on this scheme's background (WCAG large-text 3:1)."""
+    poor = [
+        (c["text"], c["fg"], c["bg"])
+        for c in page.evaluate(_TEXT_COLOURS)
+        if contrast(c["fg"], c["bg"]) < 3
+    ]
+    assert poor == [], f"figure text with contrast below 3:1 in {scheme}: {poor[:5]}"
+
+
+def _screenshot(page: Any, screenshots: Path | None, name: str) -> None:
+    if screenshots is not None:  # PORTATTN_SCREENSHOTS=1
+        (screenshots / name).parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(screenshots / name), full_page=True)
+
+
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_page_loads_offline_in_both_schemes(
-    browser: Any, base_url: str, screenshots: Path, page_path: str, scheme: str
+    layouts: Any, base_url: str, screenshots: Path | None, page_path: str, scheme: str
 ) -> None:
-    page, visit = _open(browser, f"{base_url}/{page_path}", width=DESKTOP, scheme=scheme)
+    page, visit = _open(None, f"{base_url}/{page_path}", context=layouts(DESKTOP, scheme))
     try:
         visit.assert_clean()
         assert page.locator("article h1").count() == 1
@@ -122,54 +161,40 @@ def test_page_loads_offline_in_both_schemes(
         assert page.locator("body").get_attribute("data-md-color-scheme") == want
         # The toggle is there, in the header.
         assert page.locator("form[data-md-component=palette] label").count() >= 1
-        # Figure text reads on this scheme's background (WCAG large-text 3:1).
-        poor = [
-            (c["text"], c["fg"], c["bg"])
-            for c in page.evaluate(_TEXT_COLOURS)
-            if contrast(c["fg"], c["bg"]) < 3
-        ]
-        assert poor == [], f"figure text with contrast below 3:1 in {scheme}: {poor[:5]}"
+        _assert_contrast(page, scheme)
         # Display formulas fit their box at desktop width (none clipped or scrolling).
-        clipped = page.evaluate(
-            """() => [...document.querySelectorAll('.pa-math-block')]
-                .filter(b => b.getBoundingClientRect().width > 0)
-                .filter(b => b.scrollWidth > b.clientWidth + 1)
-                .map(b => b.querySelector('math').getAttribute('alttext').slice(0, 60))"""
-        )
+        clipped = page.evaluate(_CLIPPED_MATH)
         assert clipped == [], f"display formulas wider than the page at {DESKTOP} px: {clipped}"
         readable(page)
         if scheme == "light":  # the layout is the scheme's; checked once, not twice
             assert_code_titles_and_copy_buttons(page)
-        page.screenshot(
-            path=str(screenshots / f"{_shot_name(page_path)}-{scheme}.png"), full_page=True
-        )
+        _screenshot(page, screenshots, f"{_shot_name(page_path)}-{scheme}.png")
     finally:
-        page.context.close()
+        page.close()
 
 
-def test_page_fits_a_phone(browser: Any, base_url: str, screenshots: Path, page_path: str) -> None:
-    page, visit = _open(browser, f"{base_url}/{page_path}", width=PHONE)
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_page_fits_a_phone(
+    layouts: Any, base_url: str, screenshots: Path | None, page_path: str, scheme: str
+) -> None:
+    page, visit = _open(None, f"{base_url}/{page_path}", context=layouts(PHONE, scheme))
     try:
         visit.assert_clean()
+        want = "slate" if scheme == "dark" else "default"
+        assert page.locator("body").get_attribute("data-md-color-scheme") == want
         width = page.evaluate("document.documentElement.scrollWidth")
         assert width <= PHONE, (
             f"page is {width} px wide at {PHONE} px: {page.evaluate(_WIDE, PHONE)}"
         )
         readable(page)
+        if scheme == "dark":  # the phone layout's own figures, on the dark background
+            _assert_contrast(page, scheme)
         # Display formulas are scaled to the column (docs/assets/widgets.js), not cut.
-        cut = page.evaluate(
-            """() => [...document.querySelectorAll('.pa-math-block')]
-                .filter(b => b.getBoundingClientRect().width > 0)
-                .filter(b => b.scrollWidth > b.clientWidth + 1)
-                .map(b => b.querySelector('math').getAttribute('alttext').slice(0, 60))"""
-        )
+        cut = page.evaluate(_CLIPPED_MATH)
         assert cut == [], f"display formulas wider than the column at {PHONE} px: {cut}"
-        (screenshots / "390").mkdir(exist_ok=True)
-        page.screenshot(
-            path=str(screenshots / "390" / f"{_shot_name(page_path)}.png"), full_page=True
-        )
+        _screenshot(page, screenshots, f"390/{_shot_name(page_path)}-{scheme}.png")
     finally:
-        page.context.close()
+        page.close()
 
 
 def assert_code_titles_and_copy_buttons(page: Any) -> None:
@@ -258,9 +283,15 @@ _CELL_STYLE = """cells => cells.map(c => ({
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
-def test_masked_cells_are_distinguishable(browser: Any, base_url: str, scheme: str) -> None:
+def test_masked_cells_are_distinguishable(
+    chapter_page: tuple[Any, Visit], layouts: Any, base_url: str, scheme: str
+) -> None:
     """Hatched by computed style, with a colour no weight can have, and no number."""
-    page, visit = _open(browser, f"{base_url}/chapter/", scheme=scheme)
+    if scheme == "light":
+        (page, visit), own = chapter_page, False
+    else:
+        page, visit = _open(None, f"{base_url}/chapter/", context=layouts(DESKTOP, scheme))
+        own = True
     try:
         styles = page.locator(".pa-heatmap .pa-hm-cell").evaluate_all(_CELL_STYLE)
         masked = [s for s in styles if s["col"] > s["row"]]
@@ -278,7 +309,8 @@ def test_masked_cells_are_distinguishable(browser: Any, base_url: str, scheme: s
         assert page.locator("article svg.pa-heatmap-static:visible").count() == 0
         visit.assert_clean()
     finally:
-        page.context.close()
+        if own:
+            page.close()
 
 
 def test_widget_mask_toggle_zeroes_upper_triangle(chapter_page: tuple[Any, Visit]) -> None:
@@ -402,9 +434,11 @@ def test_sqrt_d_tables_are_captioned_and_distinct(chapter_page: tuple[Any, Visit
     assert [row[:3] for row in constant] == want
 
 
-def test_japanese_chapter_has_the_same_numbers(browser: Any, base_url: str) -> None:
-    en, _ = _open(browser, f"{base_url}/chapter/")
-    ja, visit = _open(browser, f"{base_url}/ja/chapter/")
+def test_japanese_chapter_has_the_same_numbers(
+    chapter_page: tuple[Any, Visit], layouts: Any, base_url: str
+) -> None:
+    en, _ = chapter_page
+    ja, visit = _open(None, f"{base_url}/ja/chapter/", context=layouts(DESKTOP, "light"))
     try:
         visit.assert_clean()
         assert ja.locator("html").get_attribute("lang") == "ja"
@@ -421,36 +455,72 @@ def test_japanese_chapter_has_the_same_numbers(browser: Any, base_url: str) -> N
         )
         assert re.search(r"[\u3040-\u30ff]", svg_text)
     finally:
-        en.context.close()
-        ja.context.close()
+        ja.close()
 
 
-def test_playground_follows_the_controls(browser: Any, base_url: str) -> None:
+def test_playground_follows_the_controls(chapter_page: tuple[Any, Visit]) -> None:
+    """No other test on the shared chapter page moves the playground: it starts as loaded."""
     from sitegen.playground import DIMS, grid
 
-    page, visit = _open(browser, f"{base_url}/chapter/")
-    try:
-        root = page.locator(".pa-playground")
-        states = grid()["states"]
-        assert root.get_attribute("data-state") == "constant/64/unscaled"
-        # Keyboard only: the slider to its largest width.
-        page.locator(".pa-playground input[type=range]").focus()
-        page.keyboard.press("End")
-        assert root.get_attribute("data-state") == f"constant/{DIMS[-1]}/unscaled"
-        w, _ = _grid(page, ".pa-playground")
-        np.testing.assert_allclose(w, states[f"constant/{DIMS[-1]}/unscaled"]["weights"])
-        # Arrow keys move through a radio group: unscaled -> scaled.
-        page.locator(".pa-playground input[value=unscaled]").focus()
-        page.keyboard.press("ArrowRight")
-        assert root.get_attribute("data-state") == f"constant/{DIMS[-1]}/scaled"
-        assert root.locator("polyline.pa-pg-scaled.pa-pg-chosen").count() == 1
-        page.locator(".pa-playground label", has_text="1/d").click()
-        assert root.get_attribute("data-state") == f"scaled/{DIMS[-1]}/scaled"
-        w, _ = _grid(page, ".pa-playground")
-        np.testing.assert_allclose(w, states[f"scaled/{DIMS[-1]}/scaled"]["weights"])
-        visit.assert_clean()
-    finally:
-        page.context.close()
+    page, visit = chapter_page
+    root = page.locator(".pa-playground")
+    states = grid()["states"]
+    assert root.get_attribute("data-state") == "constant/64/unscaled"
+    # The grid has the chapter widget's colour scale, without a mask swatch (nothing is masked).
+    scale = root.locator(".pa-hm-scale")
+    assert scale.is_visible() and "100%" in scale.inner_text()
+    assert scale.locator(".pa-hm-scale-mask").count() == 0
+    # Keyboard only: the slider to its largest width.
+    page.locator(".pa-playground input[type=range]").focus()
+    page.keyboard.press("End")
+    assert root.get_attribute("data-state") == f"constant/{DIMS[-1]}/unscaled"
+    w, _ = _grid(page, ".pa-playground")
+    np.testing.assert_allclose(w, states[f"constant/{DIMS[-1]}/unscaled"]["weights"])
+    # Arrow keys move through a radio group: unscaled -> scaled.
+    page.locator(".pa-playground input[value=unscaled]").focus()
+    page.keyboard.press("ArrowRight")
+    assert root.get_attribute("data-state") == f"constant/{DIMS[-1]}/scaled"
+    assert root.locator("polyline.pa-pg-scaled.pa-pg-chosen").count() == 1
+    page.locator(".pa-playground label", has_text="1/d").click()
+    assert root.get_attribute("data-state") == f"scaled/{DIMS[-1]}/scaled"
+    w, _ = _grid(page, ".pa-playground")
+    np.testing.assert_allclose(w, states[f"scaled/{DIMS[-1]}/scaled"]["weights"])
+    visit.assert_clean()
+
+
+def test_live_head_equals_portattn(chapter_page: tuple[Any, Visit]) -> None:
+    """The page's forward pass (docs/assets/live.js) is portattn's, on 20 random sentences."""
+    from sitegen import live
+
+    page, visit = chapter_page
+    rng = np.random.default_rng(30)
+    worst = 0.0
+    for k in range(20):
+        n = int(rng.integers(1, 10))
+        tokens = [live.VOCABULARY[int(i)] for i in rng.integers(0, len(live.VOCABULARY), n)]
+        causal = k % 2 == 0
+        got = page.evaluate("([t, c]) => window.portattnLive.forward(t, c)", [tokens, causal])
+        weights, out = live.forward(tokens, causal=causal)
+        for name, ours in (("weights", weights), ("out", out)):
+            err = float(np.max(np.abs(np.asarray(got[name]) - ours)))
+            assert err <= 1e-6, (tokens, causal, name, err)
+            worst = max(worst, err)
+    print(f"live head: largest |page - portattn| over 20 sentences = {worst:.1e}")
+    # Typing redraws the grid with those numbers; a word outside the vocabulary is named.
+    box = page.locator(".pa-live-input")
+    box.fill("the bird saw a big red ball")
+    cells = page.locator(".pa-live .pa-hm-cell").evaluate_all(
+        "cs => cs.map(c => [+c.dataset.row, +c.dataset.col, +c.dataset.weight])"
+    )
+    weights, _ = live.forward(["the", "bird", "saw", "a", "big", "red", "ball"], causal=True)
+    assert len(cells) == weights.size
+    for i, j, w in cells:
+        assert abs(w - weights[i, j]) <= 1e-6
+    assert page.locator(".pa-live .pa-hm-cell.pa-hm-hidden").count() == 21
+    box.fill("the unicorn sat")
+    assert "unicorn" in page.locator(".pa-live-said").inner_text()
+    assert page.locator(".pa-live .pa-hm-cell").count() == 0
+    visit.assert_clean()
 
 
 def test_dataflow_shows_the_example_shapes(chapter_page: tuple[Any, Visit]) -> None:
@@ -463,18 +533,18 @@ def test_dataflow_shows_the_example_shapes(chapter_page: tuple[Any, Visit]) -> N
         assert " × ".join(map(str, sh[key])) in text, key  # noqa: RUF001
 
 
-def test_beyond_floor_division_reads_as_math(browser: Any, base_url: str) -> None:
-    page, _ = _open(browser, f"{base_url}/beyond/")
+def test_beyond_floor_division_reads_as_math(layouts: Any, base_url: str) -> None:
+    page, _ = _open(None, f"{base_url}/beyond/", context=layouts(DESKTOP, "light"))
     try:
         assert "/ /" not in page.locator("article").inner_text()
         assert page.locator("article math mo", has_text="⌊").count() >= 1
     finally:
-        page.context.close()
+        page.close()
 
 
 @pytest.mark.parametrize("lang", ["en", "ja"])
 def test_mask_gallery_reads_the_cell_under_the_pointer(
-    browser: Any, base_url: str, lang: str
+    layouts: Any, base_url: str, lang: str
 ) -> None:
     """Hovering a mask picture names the query, the key, and the tile with its kind."""
     from sitegen import programmable
@@ -482,7 +552,9 @@ def test_mask_gallery_reads_the_cell_under_the_pointer(
     import portattn as pa
 
     prefix = "ja/" if lang == "ja" else ""
-    page, visit = _open(browser, f"{base_url}/{prefix}programmable/", width=DESKTOP)
+    page, visit = _open(
+        None, f"{base_url}/{prefix}programmable/", context=layouts(DESKTOP, "light")
+    )
     try:
         panels = programmable.panels()
         for k, (q, kv) in ((0, (100, 40)), (2, (130, 45)), (5, (200, 3))):
@@ -519,4 +591,4 @@ def test_mask_gallery_reads_the_cell_under_the_pointer(
                 assert said.endswith(f"は{names[kind]}。"), said
         visit.assert_clean()
     finally:
-        page.context.close()
+        page.close()

@@ -70,7 +70,7 @@ def test_a_japanese_search_finds_the_chapter_first_in_japanese(
     """因果マスク is one compound with no spaces: the search must still find the chapter."""
     from browsing import open_page
 
-    page, visit = open_page(browser, f"{base_url}/ja/", width=1400)
+    page, visit = open_page(browser, f"{base_url}/ja/", width=1400, search=True)
     try:
         box = page.locator("input.md-search__input")
         box.click()  # the header's search field, shown at desktop width
@@ -86,3 +86,69 @@ def test_a_japanese_search_finds_the_chapter_first_in_japanese(
         visit.assert_clean()
     finally:
         page.context.close()
+
+
+def _numbers(text: str) -> list[str]:
+    return sorted(re.findall(r"[+-]?\d+(?:\.\d+)?", text))
+
+
+def _kept(english: str, japanese: str) -> bool:
+    """Every number of the English text is in the Japanese one (which may count 1枚, 1つ)."""
+    from collections import Counter
+
+    return not Counter(_numbers(english)) - Counter(_numbers(japanese))
+
+
+def test_japanese_performance_sentences_keep_the_records_numbers() -> None:
+    """The pool paragraph and every "not measured" sentence, in Japanese, with the same numbers."""
+    from sitegen import performance
+
+    en, ja = (performance.pool_cost_markdown(lang=lang) for lang in ("en", "ja"))
+    assert "The cost" in en and "The cost" not in ja
+    assert re.search(r"[\u3040-\u30ff]", ja)
+    assert _kept(en, ja), (en, ja)
+    for sentence in performance.record().get("skipped", []):
+        said = performance.skipped_words(sentence, "ja")
+        assert re.search(r"[\u3040-\u30ff]", said), said
+        assert _kept(sentence, said), said
+
+
+def test_japanese_transforms_table_has_japanese_cells(site_dir: Path) -> None:
+    """Every cell the checks describe is in Japanese; the marks are the English page's."""
+    from html.parser import HTMLParser
+
+    def cells(lang: str) -> list[str]:
+        prefix = "ja/" if lang == "ja" else ""
+        page = (site_dir / prefix / "transforms" / "index.html").read_text(encoding="utf-8")
+        table = page[page.index("<table") : page.index("</table>")]
+
+        class Cells(HTMLParser):
+            def __init__(self) -> None:
+                super().__init__()
+                self.out: list[str] = []
+                self.inside = False
+
+            def handle_starttag(self, tag: str, attrs: object) -> None:
+                if tag == "td":
+                    self.inside = True
+                    self.out.append("")
+
+            def handle_endtag(self, tag: str) -> None:
+                self.inside = self.inside and tag != "td"
+
+            def handle_data(self, data: str) -> None:
+                if self.inside:
+                    self.out[-1] += data
+
+        parser = Cells()
+        parser.feed(table)
+        return parser.out
+
+    en, ja = cells("en"), cells("ja")
+    assert len(en) == len(ja) > 0
+    english = re.compile(r"\b(grads|graph|breaks|computes|max dev|stays lazy|export|run in)\b")
+    for e, j in zip(en, ja, strict=True):
+        assert e[:1] == j[:1], (e, j)  # ✓, — or ✗ alike
+        if e[:1] == "✓":
+            assert not english.search(j), j
+            assert _kept(e, j), (e, j)

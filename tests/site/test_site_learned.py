@@ -17,13 +17,15 @@ from sitegen import heads, learned
 LAYOUTS = [(w, s) for w in (PHONE, DESKTOP) for s in ("light", "dark")]
 
 
-@pytest.fixture(params=LAYOUTS, ids=[f"{w}-{s}" for w, s in LAYOUTS])
-def learned_page(request: Any, browser: Any, base_url: str) -> Iterator[Any]:
+# One page per layout, shared by the checks below in file order: the two that
+# read the page come before the one that clicks its head view.
+@pytest.fixture(scope="module", params=LAYOUTS, ids=[f"{w}-{s}" for w, s in LAYOUTS])
+def learned_page(request: Any, layouts: Any, base_url: str) -> Iterator[Any]:
     width, scheme = request.param
-    page, visit = open_page(browser, f"{base_url}/learned/", width=width, scheme=scheme)
+    page, visit = open_page(None, f"{base_url}/learned/", context=layouts(width, scheme))
     visit.assert_clean()
     yield page
-    page.context.close()
+    page.close()
 
 
 def test_summary_and_head_tables_are_the_training_codes(learned_page: Any) -> None:
@@ -103,9 +105,9 @@ def test_head_view_follows_layer_head_and_hover(learned_page: Any) -> None:
     assert f"{data['tokens'][best]} ({best + 1}) {round(100 * row[best])}%" in said
 
 
-def test_japanese_page_has_the_same_numbers(browser: Any, base_url: str) -> None:
-    en, _ = open_page(browser, f"{base_url}/learned/")
-    ja, visit = open_page(browser, f"{base_url}/ja/learned/", width=PHONE, scheme="dark")
+def test_japanese_page_has_the_same_numbers(layouts: Any, base_url: str) -> None:
+    en, _ = open_page(None, f"{base_url}/learned/", context=layouts(DESKTOP, "light"))
+    ja, visit = open_page(None, f"{base_url}/ja/learned/", context=layouts(PHONE, "dark"))
     try:
         visit.assert_clean()
         for name in ("heads-reverse", "heads-induction"):
@@ -116,5 +118,5 @@ def test_japanese_page_has_the_same_numbers(browser: Any, base_url: str) -> None
         view.locator(".pa-hv-query").first.hover()
         assert "注目先" in view.locator(".pa-hv-sentence").inner_text()
     finally:
-        en.context.close()
-        ja.context.close()
+        en.close()
+        ja.close()

@@ -48,6 +48,8 @@ CMAP = "viridis"
 MASKED_GID = "pa-attn-masked"
 WEIGHTS_GID = "pa-attn-weights"
 HATCH = "////"
+#: The outline of a row a panel points at (vermilion: apart from viridis and the hatch).
+OUTLINE = "#D55E00"
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class Panel:
     title: str = ""
     queries: Sequence[str] | None = None
     keys: Sequence[str] | None = None
+    #: A row to outline, such as the query a decoding step has just added.
+    outline: int | None = None
 
 
 def _runs(row: np.ndarray) -> list[tuple[int, int]]:
@@ -102,6 +106,7 @@ def draw(
     vmin: float = 0.0,
     vmax: float = 1.0,
     axis_titles: bool = True,
+    outline: int | None = None,
 ) -> Any:
     """Draw one heatmap on ``ax`` the site's way; returns the image, for :func:`colour_bar`."""
     from matplotlib.collections import PatchCollection
@@ -137,6 +142,12 @@ def draw(
         )
         coll.set_gid(f"{MASKED_GID}-{k}")
         ax.add_collection(coll)
+    if outline is not None:
+        ax.add_patch(
+            Rectangle(
+                (-0.5, outline - 0.5), w.shape[1], 1.0, fill=False, edgecolor=OUTLINE, linewidth=2.5
+            )
+        )
     ax.xaxis.tick_top()
     ax.xaxis.set_label_position("top")
     _ticks(ax, keys, w.shape[1], "x")
@@ -231,6 +242,7 @@ def figure(
                 vmax=vmax,
                 # Axis titles once per row and column, not on every panel.
                 axis_titles=k == 0,
+                outline=p.outline,
             )
         for ax in flat[n:]:
             ax.set_visible(False)

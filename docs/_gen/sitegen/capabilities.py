@@ -12,6 +12,7 @@ blockwise call uses several query and key blocks, so its loop really loops.
 from __future__ import annotations
 
 import json
+import re
 import time
 import warnings
 from collections.abc import Callable
@@ -303,15 +304,56 @@ _WORDS = {
 }
 
 
+# The Japanese table: row names, and each cell's detail by the pattern the
+# checks above write it in. A refusal's reason is portattn's own message and
+# stays as it is, in code type; a detail no pattern knows fails the build.
+_ROWS_JA = {
+    "torch autograd (float64)": "torch の自動微分(float64)",
+    'torch.compile, backend "eager", fullgraph': 'torch.compile、backend "eager"、fullgraph',
+    'torch.compile, backend "aot_eager", fullgraph': (
+        'torch.compile、backend "aot_eager"、fullgraph'
+    ),
+    "jax.grad (float32)": "jax.grad(float32)",
+    "jax.jit": "jax.jit",
+    "jax.vmap": "jax.vmap",
+    "dask: stays lazy": "dask: 遅延のまま",
+    "ndonnx: export to ONNX, run in onnxruntime": "ndonnx: ONNX に書き出し、onnxruntime で実行",
+}
+_DETAILS_JA: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^$"), ""),
+    (re.compile(r"^grads = (\S+)'s$"), r"勾配が \1 と一致"),
+    (re.compile(r"^(\d+) graph, (\d+) breaks$"), r"グラフ \1 個、分断 \2 回"),
+    (re.compile(r"^(\d+) computes$"), r"compute \1 回"),
+    (re.compile(r"^max dev (\S+)$"), r"最大のずれ \1"),
+    (re.compile(r"^(in_axes=.*)$"), r"`\1`"),
+)
+
+
+def _cell_markdown(cell: Cell, lang: str) -> str:
+    if lang == "en":
+        return cell.markdown
+    mark = {"yes": "✓", "no": "✗", "refused": "—"}[cell.status]
+    if cell.status != "yes":  # portattn's or the library's own message, quoted
+        return f"{mark} `{cell.detail}`" if cell.detail else mark
+    for pattern, words in _DETAILS_JA:
+        if pattern.match(cell.detail):
+            return f"{mark} {pattern.sub(words, cell.detail)}".strip()
+    raise ValueError(f"no Japanese for the capability detail {cell.detail!r}")
+
+
 def capability_markdown(*, lang: str = "en") -> str:
     """The table as Markdown, with the time it took to compute."""
     rows, seconds = run_table()
     w = _WORDS[lang]
+    names = _ROWS_JA if lang == "ja" else {name: name for name, _ in CAPABILITIES}
     lines = [
         f"| {w['capability']} | " + " | ".join(f"`{i}`" for i in IMPLS) + " |",
         "| --- |" + " --- |" * len(IMPLS),
     ]
-    lines += [f"| {name} | " + " | ".join(c.markdown for c in cells) + " |" for name, cells in rows]
+    lines += [
+        f"| {names[name]} | " + " | ".join(_cell_markdown(c, lang) for c in cells) + " |"
+        for name, cells in rows
+    ]
     b, h, n, d = SHAPE
     footer = w["footer"].format(
         cells=len(rows) * len(IMPLS), b=b, h=h, n=n, d=d, block=BLOCK, seconds=seconds

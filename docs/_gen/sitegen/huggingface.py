@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import numpy as np
 import torch
 
 from portattn.integrations import transformers as hf
@@ -250,51 +251,53 @@ def last_layer(arch: str, length: int = 10) -> tuple[tuple[str, ...], torch.Tens
 _FIG = {
     "en": {
         "head": "head {h}",
-        "title": "{name}, last layer (rows: queries, columns: keys)",
         "label": "{name} attention weights per head",
         "caption": "The {n} heads of the last layer of a random {name} ({layers} layers, "
         "{kv} KV heads{window}), computed by portattn while this page was built, "
-        "on {tokens} random tokens.",
+        "on {tokens} random tokens. Hatched cells are hidden by the causal mask{window_too}.",
         "window": ", sliding window {w}",
+        "window_too": " and the window",
     },
     "ja": {
         "head": "ヘッド {h}",
-        "title": "{name} の最終層(行: クエリ、列: キー)",
         "label": "{name} のヘッドごとの注目の重み",
         "caption": "乱数の重みの {name}({layers} 層、KV ヘッド {kv} 個{window})の最終層に"
         "ある {n} 個のヘッド。このページのビルド時に、乱数の {tokens} トークンに対して"
-        "portattn が計算した。",
+        "portattn が計算した。斜線のセルは因果マスク{window_too}で隠れている。",
         "window": "、スライディングウィンドウ {w}",
+        "window_too": "とウィンドウ",
     },
 }
 
 
-def heads_figure(arch: str = "mistral", *, lang: str = "en") -> str:
-    """The last layer's heads side by side, as inline SVG with a caption in ``lang``."""
+def hidden(length: int, window: int | None) -> np.ndarray:
+    """(L, L) True where a causal decoder with ``window`` (HF: keys ``i - j < window``) hides."""
+    i, j = np.indices((length, length))
+    allowed = j <= i
+    if window:
+        allowed &= i - j < window
+    return ~allowed
 
-    from sitegen import plotting
-    from sitegen.beyond import grid
+
+def heads_figure(arch: str = "mistral", *, lang: str = "en") -> str:
+    """The last layer's heads side by side, drawn by :mod:`sitegen.attnmap`, in ``lang``."""
+    from sitegen import attnmap
 
     tokens, weights, cfg = last_layer(arch)
     n = weights.shape[0]
     words = _FIG[lang]
-
-    def draw(narrow: bool) -> Any:
-        # One row on screens, two per row on phones (text stays >= 9 px at 390 px).
-        fig, axes = grid(n, narrow, wide_h=3.4)
-        for h, ax in enumerate(axes):
-            ax.imshow(weights[h].numpy(), cmap="viridis", vmin=0, vmax=1)
-            ax.set_title(words["head"].format(h=h))
-            ax.set_xticks(range(len(tokens)), tokens, rotation=90)
-            ax.set_yticks(range(len(tokens)), tokens)
-        fig.suptitle(words["title"].format(name=NAMES[arch]))
-        fig.tight_layout()
-        return fig
-
-    svg = plotting.figures_only(
-        draw, label=words["label"].format(name=NAMES[arch]), name=f"hf-{arch}-{lang}"
-    )
     window = getattr(cfg, "sliding_window", None)
+    masked = hidden(len(tokens), window)
+    w = weights.double().numpy()
+    if np.any(w[:, masked] != 0):  # the hatch must be the mask the model applied
+        msg = f"{arch}: weights outside causal + window={window} are not 0"
+        raise AssertionError(msg)
+    panels = [
+        attnmap.Panel(
+            w[h], masked=masked, title=words["head"].format(h=h), queries=tokens, keys=tokens
+        )
+        for h in range(n)
+    ]
     caption = words["caption"].format(
         n=n,
         name=NAMES[arch],
@@ -302,8 +305,15 @@ def heads_figure(arch: str = "mistral", *, lang: str = "en") -> str:
         kv=cfg.num_key_value_heads,  # type: ignore[attr-defined]
         window=words["window"].format(w=window) if window else "",
         tokens=len(tokens),
+        window_too=words["window_too"] if window and window < len(tokens) else "",
     )
-    return f'<figure class="pa-plot">{svg}<figcaption>{html.escape(caption)}</figcaption></figure>'
+    return attnmap.figure(
+        panels,
+        lang=lang,
+        name=f"hf-{arch}-{lang}",
+        label=words["label"].format(name=NAMES[arch]),
+        caption=html.escape(caption),
+    )
 
 
 def _refusal(**kwargs: Any) -> str:

@@ -11,6 +11,7 @@ line style and marker name the library, with the Okabe-Ito palette.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
@@ -109,8 +110,49 @@ def measured_markdown(*, lang: str = "en") -> str:
         shapes = {k: c.get(k) for k in ("B", "H", "d", "dtype")}
         out += t("perf_shapes", lang, **shapes) + "\n\n"
     for s in rec.get("skipped", []) or []:
-        out += t("perf_skipped", lang, what=s) + "\n\n"
+        out += t("perf_skipped", lang, what=skipped_words(s, lang)) + "\n\n"
     return out
+
+
+# The sentences benchmarks/run.py writes under "skipped", in Japanese: the
+# numbers are the record's, read out of the sentence by these patterns.
+_SKIPPED_JA: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(
+            r"materialize and plain numpy above N=(\d+) \(throughput\) and materialize above "
+            r"N=(\d+) \(memory\): \(N, N\) scores for (\d+) heads take ([\d.]+ \S+) per "
+            r"temporary at N=(\d+), ([\d.]+ \S+) at N=(\d+)"
+        ),
+        r"N=\1 を超える materialize と素の numpy(スループット)、N=\2 を超える materialize"
+        r"(メモリ)。\3 ヘッドの (N, N) のスコアは、一時配列1つで N=\5 なら \4、N=\7 なら \6 になる",
+    ),
+    (
+        re.compile(r"materialize and plain numpy above N=(\d+) in this run \((--[\w-]+)\).*"),
+        r"この実行では N=\1 を超える materialize と素の numpy(`\2`)。負荷のある計算機では"
+        r"1ラウンドに数分かかる",
+    ),
+    (
+        re.compile(r"memory above N=(\d+) in this run \((--[\w-]+)\)"),
+        r"この実行では N=\1 を超えるメモリ(`\2`)",
+    ),
+    (
+        re.compile(r"throughput above N=(\d+) in this run \((--[\w-]+)\).*"),
+        r"この実行では N=\1 を超えるスループット(`\2`)。共有の計算機で短く済ませるため",
+    ),
+    (
+        re.compile(r"N=(\d+): above (--[\w-]+)=(\d+) in this run"),
+        r"N=\1(この実行の `\2=\3` を超える)",
+    ),
+)
+
+
+def skipped_words(sentence: str, lang: str = "en") -> str:
+    """A record's "skipped" sentence in ``lang``; one no pattern knows stays in English."""
+    if lang == "ja":
+        for pattern, words in _SKIPPED_JA:
+            if pattern.fullmatch(sentence):
+                return pattern.sub(words, sentence)
+    return sentence
 
 
 def throughput_figure(*, lang: str = "en") -> str:
@@ -501,42 +543,66 @@ def _gap_sentence(
     )
 
 
-def pool_cost_markdown() -> str:
+_POOL_WORDS = {
+    "none": {
+        "en": "This record does not say how the thread pool was set up.\n",
+        "ja": "この記録には、スレッドプールの設定が書かれていない。\n",
+    },
+    "cost": {
+        "en": "The cost: each worker holds its own score tiles, so the pool's peak memory is up "
+        "to one tile ({tile_mib:g} MiB at the default size in {dtype}) more per extra worker. "
+        "Calls below 2<sup>{exp}</sup> multiply-adds (`_MIN_WORK` in `_lib/_threads.py`) "
+        "never use the pool",
+        "ja": "代償もある。各ワーカーは自分のスコアのタイルを持つので、プールのメモリの最大値は"
+        "ワーカーが1つ増えるごとに最大でタイル1枚分(既定の大きさ、{dtype} で {tile_mib:g} MiB)"
+        "増える。積和が 2<sup>{exp}</sup> 回に満たない呼び出し(`_lib/_threads.py` の "
+        "`_MIN_WORK`)はプールを使わない",
+    },
+    "small": {
+        "en": ": at N={n}, the largest size of this record below it, the pool forced on "
+        "measured {extra_ms:+.2f} ms against the same call without it ({speedup:.2f}×).",  # noqa: RUF001
+        "ja": "。この記録でそれを下回る最大の大きさ N={n} では、プールを強制すると、プールなしの"
+        "同じ呼び出しと比べて {extra_ms:+.2f} ms だった({speedup:.2f}×)。",  # noqa: RUF001
+    },
+    "no_small": {
+        "en": "; this record has no size below it.",
+        "ja": "。この記録にはそれを下回る大きさがない。",
+    },
+}
+
+
+def pool_cost_markdown(*, lang: str = "en") -> str:
     """What the NumPy thread pool costs: memory per worker, start-up, and its threshold.
 
     The tile size, the threshold and the start-up cost are all read from
     the record: the tile and threshold as the benchmark's portattn set them
     (``config``), the cost from its smallest thread-pool row.
     """
+    words = {k: v[lang] for k, v in _POOL_WORDS.items()}
     cfg = record().get("config", {})
     tile_elems, threshold = cfg.get("numpy_tile_elements"), cfg.get("pool_min_work")
     if not isinstance(tile_elems, int) or not isinstance(threshold, int):
-        return "This record does not say how the thread pool was set up.\n"
+        return words["none"]
     itemsize = {"float32": 4, "float64": 8, "float16": 2}.get(str(cfg.get("dtype")), 4)
-    tile_mib = tile_elems * itemsize / 2**20
-    exp = threshold.bit_length() - 1
-    text = (
-        "The cost: each worker holds its own score tiles, so the pool's peak memory is "
-        f"up to one tile ({tile_mib:g} MiB at the default size in {cfg.get('dtype', 'float32')}) "
-        f"more per extra worker. Calls below 2<sup>{exp}</sup> multiply-adds "
-        f"(`_MIN_WORK` in `_lib/_threads.py`) never use the pool"
+    text = words["cost"].format(
+        tile_mib=tile_elems * itemsize / 2**20,
+        dtype=cfg.get("dtype", "float32"),
+        exp=threshold.bit_length() - 1,
     )
     rows = [
         r
         for r in record().get("threads", {}).get("rows", [])
         if not r.get("causal") and r.get("default_pools") is False
     ]
-    if rows:
-        small = max(rows, key=lambda r: r["n"])
-        extra_ms = (small["pool_s"] - small["no_pool_s"]) * 1e3
-        text += (
-            f": at N={small['n']}, the largest size of this record below it, the pool forced "
-            f"on measured {extra_ms:+.2f} ms against the same call without it "
-            f"({small['speedup']:.2f}×)."  # noqa: RUF001
-        )
-    else:
-        text += "; this record has no size below it."
-    return text + "\n"
+    if not rows:
+        return text + words["no_small"] + "\n"
+    small = max(rows, key=lambda r: r["n"])
+    extra_ms = (small["pool_s"] - small["no_pool_s"]) * 1e3
+    return (
+        text
+        + words["small"].format(n=small["n"], extra_ms=extra_ms, speedup=small["speedup"])
+        + "\n"
+    )
 
 
 # --- decode and grouped-query attention (the record's "decode", benchmarks/decode.py) ----
