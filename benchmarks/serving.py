@@ -1,7 +1,9 @@
 """Serving: packed varlen attention, paged decode and continuous batching, against SDPA.
 
-Run ``python benchmarks/serving.py [--rounds N]`` from the root; it writes
-``benchmarks/results/serving.json``. torch on 2 threads, float32, CPU.
+Run ``python benchmarks/serving.py [--rounds N]`` from the root, or
+``nox -s bench -- --only serving`` (a full ``nox -s bench`` runs it too); it
+writes ``benchmarks/results/serving.json`` (the Serving page reads it). torch
+on 2 threads, float32, CPU.
 
 Cases (each ratio paired: per round every subject runs once in turn, and
 the ratio is the median over rounds of subject time / peer time in that
@@ -153,21 +155,39 @@ def continuous(rounds: int) -> dict[str, Any]:
     return rows
 
 
-def main() -> None:
-    import torch
+def run(out: Path = OUT.parent, *, rounds: int = 5) -> dict[str, Any]:
+    """Every case, written to ``out / "serving.json"`` (``benchmarks/run.py --only serving``)."""
+    import datetime as dt
 
+    import torch
+    from core import load, machine
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        record = {
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine(),
+            "load_before": load(),
+            "config": {"rounds": rounds, "torch": torch.__version__, "threads": 2},
+            "varlen": varlen(rounds),
+            "paged": paged(rounds),
+            "continuous": continuous(rounds),
+            "load_after": load(),
+        }
+    finally:
+        torch.set_num_threads(before)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / OUT.name).write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=OUT.parent)
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    record = {
-        "config": {"rounds": args.rounds, "torch": torch.__version__, "threads": 2},
-        "varlen": varlen(args.rounds),
-        "paged": paged(args.rounds),
-        "continuous": continuous(args.rounds),
-    }
-    OUT.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps(record, indent=2))
+    print(json.dumps(run(args.out, rounds=args.rounds), indent=2))
 
 
 if __name__ == "__main__":
