@@ -18,6 +18,13 @@ the same sequence computed alone, whatever its neighbours (see the Serving
 page): a grid over the packed axis would cut a sequence's keys at
 positions that depend on the sequences before it, and change the order of
 its sums.
+
+``batch_invariant=False`` trades that guarantee for speed where many short
+sequences share a call (a decode step): the whole packed batch runs as one
+call, with a dense block-diagonal mask whose blocks are each sequence's own
+pattern (``Structure``, as its own call resolves it), and a paged batch's
+pages are gathered with one ``take``. The values agree within rounding; the
+bound on the mask (``_FUSED_MAX`` pairs) keeps it from growing as ``T^2``.
 """
 
 from __future__ import annotations
