@@ -93,8 +93,13 @@ def _check_attention(backend: Backend, rng, cache, ids, full: dict, nq: dict, **
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"window": 5, "softcap": 3.0}, {"window": 5, "batch_invariant": False}],
-    ids=["plain", "window", "fused"],
+    [
+        {},
+        {"window": 5, "softcap": 3.0},
+        {"window": 5, "batch_invariant": False},
+        {"softcap": 3.0, "batch_invariant": False},  # decode steps: one padded batch
+    ],
+    ids=["plain", "window", "fused-window", "fused"],
 )
 def test_prefill_chunks_decode_and_fork_equal_attention_per_sequence(
     backend: Backend, rng, options
@@ -174,8 +179,13 @@ def test_a_full_cache_raises_and_changes_nothing(backend: Backend, rng):
     )
 
 
-def test_pages_a_sequence_does_not_own_are_never_read(rng):
-    """Pages no sequence owns, and the block table padding, hold NaN: the result is finite."""
+@pytest.mark.parametrize("invariant", [True, False], ids=["invariant", "fused"])
+def test_pages_a_sequence_does_not_own_are_never_read(rng, invariant):
+    """Pages no sequence owns, and the block table padding, hold NaN: the result is finite.
+
+    Fused (``batch_invariant=False``): chunked prefill (one masked call) and
+    decode (one padded batch, each row padded with its own last page) alike.
+    """
     cache = pa.PagedKVCache(12, PAGE, HKV, D, dtype=np.float64)
     for s in "ab":
         cache.add(s)
@@ -196,8 +206,14 @@ def test_pages_a_sequence_does_not_own_are_never_read(rng):
         block_table=table,
         seq_lens=[9, 2],
         cu_seqlens_q=[0, 2, 3],
+        batch_invariant=invariant,
     )
     assert np.isfinite(out).all()
+    decoded = pa.paged_attention(
+        out[1:], cache.k_pages, cache.v_pages, block_table=table, seq_lens=[9, 2],
+        cu_seqlens_q=[0, 1, 2], batch_invariant=invariant,
+    )  # fmt: skip
+    assert np.isfinite(decoded).all()
     with pytest.raises(ValueError, match="sequence 1's seq_lens \\(9\\) to fit its block_table"):
         pa.paged_attention(
             out, cache.k_pages, cache.v_pages, block_table=table[:, :2], seq_lens=[2, 9],

@@ -33,7 +33,7 @@ import dataclasses
 import functools
 import itertools
 from collections.abc import Sequence
-from typing import Literal, overload
+from typing import Literal, cast, overload
 
 import numpy as np
 
@@ -548,6 +548,11 @@ def paged_attention(
     options: dict[str, object] = {"scale": scale, "impl": impl, "block_size": block_size}
     slots = sum(map(len, pages)) * k_pages.shape[1]
     if _fuses(batch_invariant, variant, q.shape[0], slots, len(pages)):
+        if starts_q == list(range(len(pages) + 1)) and variant.window is None and min(lens) > 0:
+            return run_decode(
+                q, k_pages, v_pages, pages, lens, variant=variant, options=options,
+                return_lse=return_lse, xp=xp,
+            )  # fmt: skip
         k, v, spans = _gather_all(k_pages, v_pages, pages, lens, xp=xp)
         return run_fused(
             q, k, v, starts_q, spans, variant=variant, options=options, return_lse=return_lse,
@@ -689,6 +694,44 @@ def _block_diagonal(
             pos_k[None, :] <= aligned + right[seq_q][:, None]
         )
     return allowed
+
+
+def run_decode(
+    q: Array,
+    k_pages: Array,
+    v_pages: Array,
+    pages: list[list[int]],
+    lens: list[int],
+    *,
+    variant: Variant,
+    options: dict[str, object],
+    return_lse: object,
+    xp: Namespace,
+) -> Array | tuple[Array, Array]:
+    """One decode query per sequence, as one padded batch: (S, Hkv, pages * page_size, d) K/V.
+
+    Each sequence's row repeats its own last page up to the longest row, so
+    it reads only pages it owns, and ``key_lengths`` hides the slots past its
+    length. Its one query sees every key it holds (bottom-right alignment).
+    """
+    want_lse = check_flag("return_lse", return_lse)
+    width, page = max(map(len, pages)), k_pages.shape[1]
+    flat = [p for own in pages for p in (*own, *[own[-1]] * (width - len(own)))]
+    index = xp.asarray(flat, dtype=xp.int32, device=device_of(k_pages))
+
+    def batched(x: Array) -> Array:  # (S, Hkv, width * page, d)
+        rows = xp.reshape(xp.take(x, index, axis=0), (len(pages), width * page, *x.shape[2:]))
+        return xp.permute_dims(rows, (0, 2, 1, 3))
+
+    lengths = xp.asarray([[n] for n in lens], dtype=xp.int32, device=device_of(q))
+    padded = build_variant(key_lengths=lengths, softcap=variant.softcap, sinks=variant.sinks)
+    got = attend(
+        q[:, :, None, :], batched(k_pages), batched(v_pages), variant=padded,
+        return_lse=want_lse, xp=xp, **options,
+    )  # fmt: skip
+    if not want_lse:
+        return cast("Array", got)[:, :, 0, :]  # (S, H, dv): the packed layout, one row each
+    return got[0][:, :, 0, :], xp.permute_dims(got[1][..., 0], (1, 0))  # lse (H, S)
 
 
 # The fused call's dense mask: at most this many (query, key) pairs (4 MiB of booleans).
