@@ -518,6 +518,10 @@ def paged_attention(
     Pages are read with ``take`` on the sequence's own page indices only, so
     no tile ever reads a page the sequence does not own; each sequence then
     runs as :func:`attention` does alone, so its rows equal that call's.
+    With ``batch_invariant=False``, a decode step (one query per sequence, no
+    window) runs as one padded batch whose rows still read only their own
+    pages; other calls run as one call over every sequence's pages, in which
+    the mask hides the other sequences' keys.
 
     Examples
     --------
