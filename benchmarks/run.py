@@ -8,10 +8,11 @@ processes hits peers alike; ratios are taken within a run. Writes
 
 Options: ``--quick`` (N up to 2048, 3 rounds; for a smoke test, not for the
 record), ``--dry-run`` (N=128, one round: a check that the script works, in
-seconds), ``--only programmable``, ``--only decode`` or ``--only parallel``
-(only the cases of ``programmable.py``, ``decode.py`` or ``parallel.py``,
-merged into the existing record; context parallelism, which a full run
-writes too, has its own record: ``parallel.json``),
+seconds), ``--only programmable``, ``--only decode``, ``--only parallel`` or
+``--only serving`` (only the cases of ``programmable.py``, ``decode.py``,
+``parallel.py`` or ``serving.py``, merged into the existing record; context
+parallelism and serving, which a full run writes too, have their own
+records: ``parallel.json``, ``serving.json``),
 ``--out DIR``; ``--help`` lists the rest.
 
 Record schema (``cpu.json``; the Performance page reads it, defensively):
@@ -758,11 +759,13 @@ def main() -> None:
     parser.add_argument("--memory-max-n", type=int, default=max(MEMORY_SIZES))
     parser.add_argument(
         "--only",
-        choices=("programmable", "decode", "parallel"),
+        choices=("programmable", "decode", "parallel", "serving"),
         help="run only these cases and merge them into the existing record "
         "(programmable: block masks and score mods against FlexAttention, see programmable.py; "
         "decode: decode steps and grouped-query attention against SDPA, see decode.py; "
-        "parallel: context parallelism on gloo processes, parallel.json; see parallel.py)",
+        "parallel: context parallelism on gloo processes, parallel.json; see parallel.py; "
+        "serving: packed, paged and continuous batching against SDPA, serving.json; see "
+        "serving.py)",
     )
     parser.add_argument(
         "--no-dask",
@@ -785,6 +788,12 @@ def main() -> None:
         import parallel  # its own record, parallel.json: processes of their own
 
         parallel.run(args.out)
+        if args.only:
+            return
+    if args.only == "serving" or not (args.quick or args.only or args.dask_only):
+        import serving  # its own record, serving.json
+
+        serving.run(args.out, rounds=args.rounds or (1 if args.dry_run else 5))
         if args.only:
             return
     # The dask rows go to their own record: a full run writes them too.

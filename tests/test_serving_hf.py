@@ -56,17 +56,19 @@ def eager_tokens(arch: str, batch: list[list[int]]) -> list[list[int]]:
     ]
 
 
+@pytest.mark.parametrize("invariant", [True, False], ids=["invariant", "fused"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2", "gpt_oss"])
-def test_generate_batch_equals_eager_per_prompt(arch, monkeypatch):
+def test_generate_batch_equals_eager_per_prompt(arch, invariant, monkeypatch):
     calls: list[int] = []
     varlen = hf.attention_varlen
 
     def counted(*args, **kwargs):
+        assert kwargs["batch_invariant"] is invariant
         calls.append(len(kwargs["cu_seqlens_q"]) - 1)
         return varlen(*args, **kwargs)
 
     monkeypatch.setattr(hf, "attention_varlen", counted)
-    model = hf.serve(hf.tiny_model(arch, attn_implementation=PORTATTN))
+    model = hf.serve(hf.tiny_model(arch, attn_implementation=PORTATTN), batch_invariant=invariant)
     assert model.config._attn_implementation == "portattn_flash"
     batch = prompts()
     out = model.generate_batch(

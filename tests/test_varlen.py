@@ -146,6 +146,54 @@ def test_each_sequence_equals_attention_alone_and_the_dense_mask(backend: Backen
     assert_close_on(backend, lse, want_lse, dtype=backend.xp.float64)
 
 
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_batch_invariant_false_is_one_call_equal_within_rounding(
+    backend: Backend, rng, case, monkeypatch
+):
+    """The fused path: one attend call with the block-diagonal mask, the same values."""
+    import portattn._varlen as varlen
+
+    calls: list[int] = []
+    attend = varlen.attend
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return attend(*args, **kwargs)
+
+    monkeypatch.setattr(varlen, "attend", counted)
+    q, k, v = _packed(rng, LQ, LK)
+    sinks = rng.standard_normal(H)
+    opts = {n: (backend.asarray(sinks) if x == "sinks" else x) for n, x in CASES[case].items()}
+    cu_q, cu_k = _cu(LQ), _cu(LK)
+    out, lse = _varlen(
+        backend, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, return_lse=True,
+        batch_invariant=False, **opts,
+    )  # fmt: skip
+    assert len(calls) == 1
+    alone, alone_lse = _alone(backend, q, k, v, LQ, LK, **opts)
+    assert_close_on(backend, out, alone, dtype=backend.xp.float64)
+    assert_close_on(backend, lse, alone_lse, dtype=backend.xp.float64)
+    calls.clear()
+    _varlen(
+        backend, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, batch_invariant=False,
+        score_mod=lambda s, b, h, qi, kv: s,
+    )  # fmt: skip
+    assert len(calls) == len(LQ)  # a score_mod sees positions within a sequence: per sequence
+
+
+def test_batch_invariant_false_keeps_the_checks_and_refuses_a_non_flag(rng):
+    q, k, v = _packed(rng, LQ, LK)
+    with pytest.raises(ValueError, match=r"sequence 0 \(Lq=5, Lk=9\).*causal=True is ambiguous"):
+        pa.attention_varlen(
+            q, k, v, cu_seqlens_q=_cu(LQ), cu_seqlens_k=_cu(LK), causal=True,
+            batch_invariant=False,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="expected batch_invariant to be True or False, got 'no'"):
+        pa.attention_varlen(
+            q, k, v, cu_seqlens_q=_cu(LQ), cu_seqlens_k=_cu(LK), batch_invariant="no"
+        )
+
+
 def test_score_mod_sees_the_sequence_index_and_positions_within_it(backend: Backend, rng):
     q, k, v = _packed(rng, LQ, LK)
     xp = backend.xp

@@ -18,6 +18,13 @@ the same sequence computed alone, whatever its neighbours (see the Serving
 page): a grid over the packed axis would cut a sequence's keys at
 positions that depend on the sequences before it, and change the order of
 its sums.
+
+``batch_invariant=False`` trades that guarantee for speed where many short
+sequences share a call (a decode step): the whole packed batch runs as one
+call, with a dense block-diagonal mask whose blocks are each sequence's own
+pattern (``Structure``, as its own call resolves it), and a paged batch's
+pages are gathered with one ``take``. The values agree within rounding; the
+bound on the mask (``_FUSED_MAX`` pairs) keeps it from growing as ``T^2``.
 """
 
 from __future__ import annotations
@@ -26,10 +33,12 @@ import dataclasses
 import functools
 import itertools
 from collections.abc import Sequence
-from typing import Literal, overload
+from typing import Literal, cast, overload
+
+import numpy as np
 
 from ._attention import Impl, attend
-from ._core._masks import Causal
+from ._core._masks import Causal, Structure
 from ._core._modspec import ScoreMod
 from ._core._variant import Variant, build_variant
 from ._lib._checks import check_array, check_flag, check_int, dtype_name, shown
@@ -64,6 +73,7 @@ def attention_varlen(
     return_lse: Literal[False] = False,
     impl: Impl = "auto",
     block_size: int | tuple[int, int] | None = None,
+    batch_invariant: bool = True,
 ) -> Array: ...
 
 
@@ -87,6 +97,7 @@ def attention_varlen(
     return_lse: Literal[True],
     impl: Impl = "auto",
     block_size: int | tuple[int, int] | None = None,
+    batch_invariant: bool = True,
 ) -> tuple[Array, Array]: ...
 
 
@@ -110,6 +121,7 @@ def attention_varlen(
     return_lse: bool = False,
     impl: Impl = "auto",
     block_size: int | tuple[int, int] | None = None,
+    batch_invariant: bool = True,
 ) -> Array | tuple[Array, Array]: ...
 
 
@@ -132,6 +144,7 @@ def attention_varlen(
     return_lse: bool = False,
     impl: Impl = "auto",
     block_size: int | tuple[int, int] | None = None,
+    batch_invariant: bool = True,
 ) -> Array | tuple[Array, Array]:
     """Attention over a packed batch of sequences of different lengths (flash-attn's varlen).
 
@@ -168,6 +181,14 @@ def attention_varlen(
         Also return the log-sum-exp, shape (H, Tq), as flash-attn does.
     impl, block_size
         As in :func:`attention`, for each sequence.
+    batch_invariant : bool, optional
+        ``True`` (the default): each sequence runs as its own call, and its
+        rows are bit-identical to :func:`attention` on it alone, whatever
+        else is packed with it. ``False``: a batch of at most ``2**22``
+        (query, key) pairs in all, without a ``score_mod``, runs as one call
+        with a block-diagonal mask built from the offsets, much faster for
+        many short sequences (decode steps), equal to the default within
+        rounding but not bit for bit; larger batches run per sequence.
 
     Returns
     -------
@@ -223,11 +244,17 @@ def attention_varlen(
         raise ValueError(msg)
     if len(starts_q) == 1:  # no sequence: one empty one, so that every option is still checked
         starts_q, starts_k = [0, 0], [0, 0]
-    kvs = [(k[a:b, ...], v[a:b, ...]) for a, b in itertools.pairwise(starts_k)]
     variant = build_variant(
         causal=causal, window=window, softcap=softcap, score_mod=score_mod, sinks=sinks
     )
     options: dict[str, object] = {"scale": scale, "impl": impl, "block_size": block_size}
+    if _fuses(batch_invariant, variant, q.shape[0], k.shape[0], len(starts_q) - 1):
+        spans = [(a, b - a) for a, b in itertools.pairwise(starts_k)]
+        return run_fused(
+            q, k, v, starts_q, spans, variant=variant, options=options, return_lse=return_lse,
+            xp=xp,
+        )  # fmt: skip
+    kvs = [(k[a:b, ...], v[a:b, ...]) for a, b in itertools.pairwise(starts_k)]
     return run_sequences(
         q, starts_q, kvs, variant=variant, options=options, return_lse=return_lse, xp=xp
     )
@@ -377,6 +404,7 @@ def paged_attention(
     return_lse: Literal[False] = False,
     impl: Impl = "auto",
     block_size: int | tuple[int, int] | None = None,
+    batch_invariant: bool = True,
 ) -> Array: ...
 
 
@@ -399,6 +427,7 @@ def paged_attention(
     return_lse: Literal[True],
     impl: Impl = "auto",
     block_size: int | tuple[int, int] | None = None,
+    batch_invariant: bool = True,
 ) -> tuple[Array, Array]: ...
 
 
@@ -421,6 +450,7 @@ def paged_attention(
     return_lse: bool = False,
     impl: Impl = "auto",
     block_size: int | tuple[int, int] | None = None,
+    batch_invariant: bool = True,
 ) -> Array | tuple[Array, Array]: ...
 
 
@@ -442,6 +472,7 @@ def paged_attention(
     return_lse: bool = False,
     impl: Impl = "auto",
     block_size: int | tuple[int, int] | None = None,
+    batch_invariant: bool = True,
 ) -> Array | tuple[Array, Array]:
     """Attention of packed queries over keys and values held in pages (vLLM's, FlashInfer's layout).
 
@@ -467,8 +498,9 @@ def paged_attention(
         Where each sequence's queries start in ``q``.
     causal : {"bottom_right", "top_left", True, False}, optional
         Default ``"bottom_right"``: the queries are the sequence's last tokens.
-    window, scale, softcap, score_mod, sinks, return_lse, impl, block_size
-        As in :func:`attention_varlen`.
+    window, scale, softcap, score_mod, sinks, return_lse, impl, block_size, batch_invariant
+        As in :func:`attention_varlen`; with ``batch_invariant=False``, the
+        sequences' pages are read with one ``take``.
 
     Returns
     -------
@@ -486,6 +518,10 @@ def paged_attention(
     Pages are read with ``take`` on the sequence's own page indices only, so
     no tile ever reads a page the sequence does not own; each sequence then
     runs as :func:`attention` does alone, so its rows equal that call's.
+    With ``batch_invariant=False``, a decode step (one query per sequence, no
+    window) runs as one padded batch whose rows still read only their own
+    pages; other calls run as one call over every sequence's pages, in which
+    the mask hides the other sequences' keys.
 
     Examples
     --------
@@ -509,11 +545,24 @@ def paged_attention(
     table = _host_table(block_table, len(starts_q) - 1, lens)
     if not table:  # no sequence: one empty one, so that every option is still checked
         starts_q, table, lens = [0, 0], [[]], [0]
-    kvs = _gather(k_pages, v_pages, table, lens, xp=xp)
+    pages = _own_pages(table, lens, k_pages.shape[0], k_pages.shape[1])
     variant = build_variant(
         causal=causal, window=window, softcap=softcap, score_mod=score_mod, sinks=sinks
     )
     options: dict[str, object] = {"scale": scale, "impl": impl, "block_size": block_size}
+    slots = sum(map(len, pages)) * k_pages.shape[1]
+    if _fuses(batch_invariant, variant, q.shape[0], slots, len(pages)):
+        if starts_q == list(range(len(pages) + 1)) and variant.window is None and min(lens) > 0:
+            return run_decode(
+                q, k_pages, v_pages, pages, lens, variant=variant, options=options,
+                return_lse=return_lse, xp=xp,
+            )  # fmt: skip
+        k, v, spans = _gather_all(k_pages, v_pages, pages, lens, xp=xp)
+        return run_fused(
+            q, k, v, starts_q, spans, variant=variant, options=options, return_lse=return_lse,
+            xp=xp,
+        )  # fmt: skip
+    kvs = _gather(k_pages, v_pages, pages, lens, xp=xp)
     return run_sequences(
         q, starts_q, kvs, variant=variant, options=options, return_lse=return_lse, xp=xp
     )
@@ -560,11 +609,10 @@ def _host_table(block_table: object, count: int, lens: list[int]) -> list[list[i
     return rows
 
 
-def _gather(
-    k_pages: Array, v_pages: Array, table: list[list[int]], lens: list[int], *, xp: Namespace
-) -> list[tuple[Array, Array]]:
-    """Each sequence's keys and values, (L_i, Hkv, d), taken from its own pages only."""
-    num_pages, page_size = k_pages.shape[0], k_pages.shape[1]
+def _own_pages(
+    table: list[list[int]], lens: list[int], num_pages: int, page_size: int
+) -> list[list[int]]:
+    """Each sequence's pages, only those its length needs, checked against the pool."""
     out = []
     for i, (row, n) in enumerate(zip(table, lens, strict=True)):
         need = -(-n // page_size) if n > 0 else 0
@@ -579,10 +627,156 @@ def _gather(
         if bad:
             msg = f"expected sequence {i}'s pages to lie in [0, {num_pages}), got {bad[0]}"
             raise ValueError(msg)
-        index = xp.asarray(pages, dtype=xp.int32, device=device_of(k_pages))
+        out.append(pages)
+    return out
+
+
+def _gather(
+    k_pages: Array, v_pages: Array, pages: list[list[int]], lens: list[int], *, xp: Namespace
+) -> list[tuple[Array, Array]]:
+    """Each sequence's keys and values, (L_i, Hkv, d), taken from its own pages only."""
+    page_size = k_pages.shape[1]
+    out = []
+    for own, n in zip(pages, lens, strict=True):
+        index = xp.asarray(own, dtype=xp.int32, device=device_of(k_pages))
         rest = tuple(k_pages.shape[2:])
-        k = xp.reshape(xp.take(k_pages, index, axis=0), (need * page_size, *rest))[:n, ...]
+        k = xp.reshape(xp.take(k_pages, index, axis=0), (len(own) * page_size, *rest))[:n, ...]
         vrest = tuple(v_pages.shape[2:])
-        v = xp.reshape(xp.take(v_pages, index, axis=0), (need * page_size, *vrest))[:n, ...]
+        v = xp.reshape(xp.take(v_pages, index, axis=0), (len(own) * page_size, *vrest))[:n, ...]
         out.append((k, v))
     return out
+
+
+def _gather_all(
+    k_pages: Array, v_pages: Array, pages: list[list[int]], lens: list[int], *, xp: Namespace
+) -> tuple[Array, Array, list[tuple[int, int]]]:
+    """Every sequence's own pages in one ``take``, packed, and each one's (first slot, length).
+
+    A sequence's slots past its length stay in the packed keys; the fused
+    call's mask hides them, as it hides the other sequences' keys.
+    """
+    page_size = k_pages.shape[1]
+    flat = [p for own in pages for p in own]
+    index = xp.asarray(flat, dtype=xp.int32, device=device_of(k_pages))
+    k = xp.reshape(xp.take(k_pages, index, axis=0), (len(flat) * page_size, *k_pages.shape[2:]))
+    v = xp.reshape(xp.take(v_pages, index, axis=0), (len(flat) * page_size, *v_pages.shape[2:]))
+    firsts = itertools.accumulate((len(own) * page_size for own in pages), initial=0)
+    return k, v, list(zip(firsts, lens, strict=False))
+
+
+def _block_diagonal(
+    starts_q: list[int], spans_k: list[tuple[int, int]], tk: int, variant: Variant
+) -> np.ndarray:
+    """The (Tq, Tk) mask of the fused call: each sequence's own pattern, in its block.
+
+    Each sequence's alignment and window come from ``Structure.build``, as its
+    own call would resolve them; the pairs are then compared in one pass.
+    """
+    count = len(spans_k)
+    offset, left, right = (np.zeros(count, dtype=np.int64) for _ in range(3))
+    for i, ((a, b), (_, n)) in enumerate(zip(itertools.pairwise(starts_q), spans_k, strict=True)):
+        try:
+            s = Structure.build(b - a, n, variant.causal, variant.window)
+        except ValueError as e:
+            msg = f"sequence {i} (Lq={b - a}, Lk={n}): {e}"
+            raise ValueError(msg) from e
+        offset[i] = s.offset
+        left[i], right[i] = s.window if s.window is not None else (0, 0)
+    lq = [b - a for a, b in itertools.pairwise(starts_q)]
+    seq_q = np.repeat(np.arange(count), lq)
+    pos_q = np.arange(starts_q[-1]) - np.repeat(np.asarray(starts_q[:-1], dtype=np.int64), lq)
+    seq_k = np.full(tk, -1, dtype=np.int64)  # -1: a slot no sequence reads (a page's tail)
+    pos_k = np.zeros(tk, dtype=np.int64)
+    for i, (k0, n) in enumerate(spans_k):
+        seq_k[k0 : k0 + n], pos_k[k0 : k0 + n] = i, np.arange(n)
+    aligned = (pos_q + offset[seq_q])[:, None]
+    allowed: np.ndarray = seq_q[:, None] == seq_k[None, :]
+    if variant.causal is not False:
+        allowed &= pos_k[None, :] <= aligned
+    if variant.window is not None:
+        allowed &= (pos_k[None, :] >= aligned - left[seq_q][:, None]) & (
+            pos_k[None, :] <= aligned + right[seq_q][:, None]
+        )
+    return allowed
+
+
+def run_decode(
+    q: Array,
+    k_pages: Array,
+    v_pages: Array,
+    pages: list[list[int]],
+    lens: list[int],
+    *,
+    variant: Variant,
+    options: dict[str, object],
+    return_lse: object,
+    xp: Namespace,
+) -> Array | tuple[Array, Array]:
+    """One decode query per sequence, as one padded batch: (S, Hkv, pages * page_size, d) K/V.
+
+    Each sequence's row repeats its own last page up to the longest row, so
+    it reads only pages it owns, and ``key_lengths`` hides the slots past its
+    length. Its one query sees every key it holds (bottom-right alignment).
+    """
+    want_lse = check_flag("return_lse", return_lse)
+    width, page = max(map(len, pages)), k_pages.shape[1]
+    flat = [p for own in pages for p in (*own, *[own[-1]] * (width - len(own)))]
+    index = xp.asarray(flat, dtype=xp.int32, device=device_of(k_pages))
+
+    def batched(x: Array) -> Array:  # (S, Hkv, width * page, d)
+        rows = xp.reshape(xp.take(x, index, axis=0), (len(pages), width * page, *x.shape[2:]))
+        return xp.permute_dims(rows, (0, 2, 1, 3))
+
+    lengths = xp.asarray([[n] for n in lens], dtype=xp.int32, device=device_of(q))
+    padded = build_variant(key_lengths=lengths, softcap=variant.softcap, sinks=variant.sinks)
+    got = attend(
+        q[:, :, None, :], batched(k_pages), batched(v_pages), variant=padded,
+        return_lse=want_lse, xp=xp, **options,
+    )  # fmt: skip
+    if not want_lse:
+        return cast("Array", got)[:, :, 0, :]  # (S, H, dv): the packed layout, one row each
+    return got[0][:, :, 0, :], xp.permute_dims(got[1][..., 0], (1, 0))  # lse (H, S)
+
+
+# The fused call's dense mask: at most this many (query, key) pairs (4 MiB of booleans).
+_FUSED_MAX = 1 << 22
+
+
+def _fuses(batch_invariant: object, variant: Variant, tq: int, tk: int, count: int) -> bool:
+    """Whether the sequences run as one masked call (``batch_invariant=False``, small, no mod)."""
+    if check_flag("batch_invariant", batch_invariant):
+        return False
+    return count > 1 and variant.score_mod is None and tq * tk <= _FUSED_MAX
+
+
+def run_fused(
+    q: Array,
+    k: Array,
+    v: Array,
+    starts_q: list[int],
+    spans_k: list[tuple[int, int]],
+    *,
+    variant: Variant,
+    options: dict[str, object],
+    return_lse: object,
+    xp: Namespace,
+) -> Array | tuple[Array, Array]:
+    """Every sequence in one call on the packed row, a block-diagonal mask from the offsets.
+
+    Sequence ``i``'s queries are ``q[starts_q[i]:starts_q[i+1]]`` and its
+    keys the ``n`` rows of ``k`` from ``spans_k[i] = (first, n)``; its block
+    of the mask is the pattern its own call would use (``Structure``:
+    causal alignment and window per sequence), so it sees what it sees alone.
+    """
+    want_lse = check_flag("return_lse", return_lse)
+    allowed = _block_diagonal(starts_q, spans_k, k.shape[0], variant)
+    fused = build_variant(
+        mask=xp.asarray(allowed, device=device_of(q)), softcap=variant.softcap, sinks=variant.sinks
+    )
+    got = attend(
+        _heads_first(q, xp=xp), _heads_first(k, xp=xp), _heads_first(v, xp=xp),
+        variant=fused, return_lse=want_lse, xp=xp, **options,
+    )  # fmt: skip
+    out: Array = got[0] if want_lse else got
+    out = xp.permute_dims(out[0, ...], (1, 0, 2))  # (Tq, H, dv)
+    return (out, got[1][0, ...]) if want_lse else out

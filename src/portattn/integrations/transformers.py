@@ -75,6 +75,7 @@ except ImportError:  # pragma: no cover - other transformers versions
 
 from .._attention import IMPLS, Impl, attention, attention_weights
 from .._core._groups import group_heads, group_mask, group_per_head, ungroup_heads
+from .._lib._checks import check_flag
 from .._lib._compat import array_namespace
 from .._lib._typing import Namespace
 from .._varlen import attention_varlen
@@ -283,6 +284,8 @@ def _translate(
             raise ValueError(msg)
         options |= _packed_causal_window(sliding, is_causal=is_causal)
         options |= _sinks(kwargs.get("s_aux"), hq=hq, hkv=None, xp=xp)
+        # serve(model, batch_invariant=False) marks the layers: one fused call per step
+        options["batch_invariant"] = getattr(module, "portattn_batch_invariant", True)
         q, k, v = (x[0, ...].transpose(0, 1) for x in (query, key, value))  # (T, H, d)
         return _Call(q, k, v, options, offsets, weights=False)
     options |= _masks(attention_mask, kwargs.get("position_bias"), (hq, hkv, lq, lk), xp=xp)
@@ -607,7 +610,7 @@ def register(name: str = "portattn", *, impl: Impl = "auto") -> str:
 _SERVING = "_flash"
 
 
-def serve(model: _Model, /) -> _Model:
+def serve(model: _Model, /, *, batch_invariant: bool = True) -> _Model:
     """Let ``model.generate_batch`` (transformers' continuous batching) run on portattn.
 
     Continuous batching admits only ``"sdpa"``, ``"paged|eager"`` and names
@@ -619,12 +622,19 @@ def serve(model: _Model, /) -> _Model:
     It sets ``model.config._attn_implementation`` (and the sub-configs'),
     because ``set_attn_implementation`` would try to import a flash-attn
     kernel for a name containing "flash", and would swap gpt-oss onto its
-    own kernel. Calling it twice changes nothing.
+    own kernel. Calling it again changes only ``batch_invariant``.
 
     Parameters
     ----------
     model : transformers.PreTrainedModel
         Loaded with ``attn_implementation=register(...)``.
+    batch_invariant : bool, optional
+        Passed to :func:`portattn.attention_varlen` on every packed call.
+        ``True`` (the default): a sequence's tokens do not depend on the
+        other requests in the batch, bit for bit. ``False``: each step's
+        sequences run as one masked call, faster, and equal to the default
+        within rounding only. Stored on the model's modules as
+        ``portattn_batch_invariant``.
 
     Returns
     -------
@@ -653,6 +663,9 @@ def serve(model: _Model, /) -> _Model:
             f"portattn.integrations.transformers, got attn_implementation={name!r}"
         )
         raise ValueError(msg)
+    flag = check_flag("batch_invariant", batch_invariant)
+    for module in model.modules():
+        setattr(module, "portattn_batch_invariant", flag)  # noqa: B010 (nn.Module's typed setattr)
     model.config._attn_implementation = f"{name}{_SERVING}"  # type: ignore[union-attr]
     return model
 
