@@ -338,3 +338,155 @@ def test_torch_compile_fullgraph_builds_mods_and_names_block_mask_remedy(
             torch.compile(with_mask, backend="eager", fullgraph=True)(x)
         torch._dynamo.reset()  # without fullgraph dynamo falls back to eager there: it works
         torch.testing.assert_close(torch.compile(with_mask, backend="eager")(x), with_mask(x))
+
+
+# --- 6: a mod's captured arrays in another library than the inputs -----------------------
+
+LIBRARIES = ("numpy", "torch", "jax", "array_api_strict")
+CAPTURING = ("alibi", "t5", "documents", "per_head")
+
+
+def _in_library(name: str, a: np.ndarray) -> Any:
+    """``a`` as an array of library ``name`` (skipped where it is not installed)."""
+    if name == "numpy":
+        return a
+    if name == "jax":
+        return pytest.importorskip("jax.numpy").asarray(a)
+    return pytest.importorskip(name).asarray(a)
+
+
+def _capturing_mod(kind: str, make: Any) -> tuple[str, str, Any]:
+    """(``score_mod`` or ``mask_mod``, the name it is refused under, the mod) for ``kind``.
+
+    ``make`` turns a NumPy array into the library the mod is to capture.
+    """
+    if kind == "alibi":
+        return "score_mod", "alibi_bias", pa.mods.alibi(make(np.array([0.5, 0.25, 0.125])))
+    if kind == "t5":
+        table = make(np.linspace(-1.0, 1.0, 8 * H).reshape(8, H))
+        return "score_mod", "t5_bias", pa.mods.t5_relative_bias(table, max_distance=12)
+    if kind == "documents":
+        return "mask_mod", "document_mask", pa.mods.documents(make(np.arange(L) // 6))
+    per_head = make(np.linspace(-2.0, 2.0, B * H).reshape(B, H))
+
+    def per_head_bias(s: Any, b: Any, h: Any, qi: Any, kv: Any) -> Any:
+        return s + per_head[b, h]
+
+    return "score_mod", "per_head_bias", per_head_bias
+
+
+def _library(backend: Backend) -> str:
+    return "jax" if backend.name.startswith("jax") else backend.name
+
+
+def _flex(kind: str, mod: Any, backend: Backend, **kw: Any) -> dict[str, Any]:
+    """The keywords that hand ``mod`` to attention, its block mask built with ``backend``'s xp."""
+    if kind == "score_mod":
+        return {"score_mod": mod, **kw}
+    bm = pa.create_block_mask(mod, None, None, L, L, block_size=L, xp=backend.xp)
+    return {"block_mask": bm, **kw}
+
+
+@pytest.mark.parametrize("captured", LIBRARIES)
+@pytest.mark.parametrize("kind", CAPTURING)
+def test_captured_arrays_of_another_library_are_refused_on_every_impl(
+    backend: Backend, rng: np.random.Generator, kind: str, captured: str
+) -> None:
+    """Every (captured library, inputs' library) pair either works the same on every impl
+    (the same library) or is refused up front with one message: the mod, both libraries, the fix.
+
+    Before, 16 of the 48 mixed pairs reached portattn's message; the others failed inside the
+    mod, differently per impl (NumPy slopes on JAX ran on materialize and broke blockwise).
+    """
+    xp, library = backend.xp, _library(backend)
+    (q, k, v), arrs = _qkv(backend, rng)
+    what, name, mod = _capturing_mod(kind, lambda a: _in_library(captured, a))
+    impls = (*impls_for(backend), "auto")
+    if captured == library:  # the control: every impl agrees with the float64 formula
+        _, _, host = _capturing_mod(kind, lambda a: a)
+        want, _, _ = flex_ref(*arrs, **{what: host})
+        for impl in impls:
+            if impl == "native" and what == "score_mod":
+                continue  # the fused kernels take no score_mod (refused, tested elsewhere)
+            got = pa.attention(q, k, v, impl=impl, **_flex(what, mod, backend))
+            assert_close_on(backend, got, want, dtype=xp.float32)
+        return
+    make = "jax.numpy" if library == "jax" else library
+    refused = (
+        rf"expected the arrays that {what} {name} captures to be {library} arrays, the library "
+        rf"(of the inputs|the block mask is built with \(xp={library}\)).*\({captured}\): "
+        rf"convert it \({make}\.asarray\) and build the mod, and any block mask"
+    )
+    for impl in impls:
+        with pytest.raises(TypeError, match=refused):
+            pa.attention(q, k, v, impl=impl, **_flex(what, mod, backend))
+    if what == "mask_mod":  # a block mask built in the ids' library, used on these inputs
+        own = pa.create_block_mask(
+            mod, None, None, L, L, block_size=L, xp=pa.testing.load_backend(captured).xp
+        )
+        for impl in impls:
+            with pytest.raises(TypeError, match=refused):
+                pa.attention(q, k, v, impl=impl, block_mask=own)
+    if library == "jax" and what == "score_mod":  # NumPy slopes ran eagerly on materialize only
+        import jax
+
+        for impl in impls:
+
+            def call(a: Any, b: Any, c: Any, impl: str = impl) -> Any:
+                return pa.attention(a, b, c, impl=impl, score_mod=mod)
+
+            with pytest.raises(TypeError, match=refused):
+                jax.jit(call)(q, k, v)
+
+
+@pytest.mark.parametrize("captured", ["torch", "jax", "array_api_strict", "dask"])
+def test_dask_inputs_take_mods_capturing_their_chunks_library(
+    rng: np.random.Generator, captured: str
+) -> None:
+    """Dask runs the mods on its chunks: NumPy arrays are right, any other library is refused."""
+    da = pytest.importorskip("dask.array")
+    q, k, v = (da.from_array(rng.standard_normal((B, H, L, D)), chunks=(1, H, 8, D)) for _ in "qkv")
+    arrs = tuple(np.asarray(a) for a in (q, k, v))
+
+    def make(a: np.ndarray) -> Any:
+        return da.from_array(a) if captured == "dask" else _in_library(captured, a)
+
+    for kind in CAPTURING:
+        what, name, mod = _capturing_mod(kind, make)
+        _, _, host = _capturing_mod(kind, lambda a: a)
+        want, _, _ = flex_ref(*arrs, **{what: host})
+        for impl in ("auto", "materialize", "blockwise"):
+            kw: dict[str, Any] = {"impl": impl}
+            np_kw = {**kw, **_flex(what, host, pa.testing.load_backend("numpy"))}
+            np.testing.assert_allclose(
+                np.asarray(pa.attention(q, k, v, **np_kw)), want, rtol=1e-12, err_msg=impl
+            )
+            if what == "mask_mod" and captured == "dask":
+                continue  # create_block_mask refuses xp=dask: a block mask is read on the host
+            built_with = pa.testing.load_backend("numpy" if captured == "dask" else captured)
+            with pytest.raises(
+                TypeError,
+                match=rf"{what} {name} captures to be numpy arrays, the library of the inputs "
+                rf"\(of their chunks, for dask\), got .*: convert it \(numpy\.asarray\)",
+            ):
+                pa.attention(q, k, v, **kw, **_flex(what, mod, built_with))
+
+
+# --- 7: a T5 table with more heads than the call is refused, as one with fewer ------------
+
+
+@pytest.mark.parametrize("heads", [H + 1, H + 5, H - 1])
+def test_t5_table_with_another_number_of_heads_is_refused(
+    backend: Backend, rng: np.random.Generator, heads: int
+) -> None:
+    """More columns than H were accepted silently (the extra heads' biases never read)."""
+    (q, k, v), _ = _qkv(backend, rng)
+    table = backend.asarray(rng.standard_normal((16, heads)), backend.xp.float32)
+    mod = pa.mods.t5_relative_bias(table, max_distance=12)
+    for impl in (*impls_for(backend), "auto"):
+        with pytest.raises(
+            ValueError,
+            match=rf"table captured by mods\.t5_relative_bias to have one column per query "
+            rf"head, H={H}, got {heads}$",
+        ):
+            pa.attention(q, k, v, score_mod=mod, impl=impl)

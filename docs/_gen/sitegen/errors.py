@@ -185,6 +185,13 @@ CASES: tuple[Case, ...] = (
     Case(
         "mods", "pa.create_block_mask(lambda b, h, q, kv: np.arange(4)[q] < kv, None, None, 8, 8)"
     ),
+    # programmable attention: captured arrays against the call's library
+    Case("mods", "pa.attention(x4, x4, x4, score_mod=pa.mods.alibi(torch.ones(2)))", needs="torch"),
+    Case(
+        "mods",
+        "pa.create_block_mask(pa.mods.documents(torch.arange(8)), None, None, 8, 8)",
+        needs="torch",
+    ),
     # programmable attention: what a score_mod returns, what a BlockMask holds
     Case("mods", "pa.attention(x4, x4, x4, score_mod=lambda s, b, h, q, kv: q - kv)"),
     Case("mods", "pa.attention(x4, x4, x4, score_mod=lambda s, b, h, q, kv: s[..., :1, :])"),

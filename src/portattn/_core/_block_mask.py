@@ -17,11 +17,11 @@ from typing import ClassVar
 import numpy as np
 
 from .._lib._checks import check_int, shown
-from .._lib._compat import is_concrete, is_dask_namespace, resolve_namespace
+from .._lib._compat import is_concrete, is_dask_namespace, namespace_library, resolve_namespace
 from .._lib._convert import to_numpy
 from .._lib._typing import Array, Device, Namespace
 from .._lib._vocabulary import check_mod_arity
-from ._modspec import MaskMod, apply_mask_mod, check_sizes, tile_indices
+from ._modspec import MaskMod, apply_mask_mod, check_libraries, check_sizes, tile_indices
 
 __all__ = ["EMPTY", "FULL", "PARTIAL", "BlockMask", "create_block_mask"]
 
@@ -423,6 +423,10 @@ def create_block_mask(
             "pass xp=None (NumPy): that mask serves dask inputs"
         )
         raise ValueError(msg)
+    library = namespace_library(ns)
+    if library != "other":
+        against = f"the library the block mask is built with (xp={library})"
+        check_libraries(mask_mod, what="mask_mod", library=library, against=against)
     check_sizes(mask_mod, batch=nb, heads=nh, lq=lq, lk=lk)
     kinds = np.zeros((nb, nh, -(-lq // bq), -(-lk // bk)), dtype=np.int8)
     if lq and lk:

@@ -28,6 +28,7 @@ from ._modspec import (
     ScoreMod,
     apply_mask_mod,
     apply_score_mod,
+    check_libraries,
     check_sizes,
     tile_indices,
 )
@@ -202,9 +203,20 @@ class Mods:
 
 
 def flex_mods(
-    score_mod: Any, block_mask: Any, *, batch: tuple[int, ...], lq: int, lk: int
+    score_mod: Any,
+    block_mask: Any,
+    *,
+    batch: tuple[int, ...],
+    lq: int,
+    lk: int,
+    library: str | None = None,
 ) -> Mods | None:
-    """Validate ``score_mod=`` and ``block_mask=`` against the call's shapes."""
+    """Validate ``score_mod=`` and ``block_mask=`` against the call's shapes and library.
+
+    ``library`` is the one the mods compute in (:func:`~._modspec.mod_library`
+    of the inputs); the arrays they capture must be of it. ``None`` skips
+    that check (``portattn.parallel``, which checks per local call).
+    """
     if score_mod is None and block_mask is None:
         return None
     if score_mod is not None and not callable(score_mod):
@@ -223,6 +235,7 @@ def flex_mods(
         raise ValueError(msg)
     nb, nh = batch
     if score_mod is not None:
+        _check_mod(score_mod, "score_mod", library)
         check_sizes(score_mod, batch=nb, heads=nh, lq=lq, lk=lk)
     if block_mask is None:
         return Mods(score_mod)
@@ -239,6 +252,7 @@ def flex_mods(
             f"({batch[0]}, {batch[1]}, {lq}, {lk}) (B and H may be None), got one for {shape}"
         )
         raise ValueError(msg)
+    _check_mod(block_mask.mask_mod, "mask_mod", library)
     check_sizes(block_mask.mask_mod, batch=nb, heads=nh, lq=lq, lk=lk)
     # A mask axis of 1 spans all of the call's.
     ranges = tuple(
@@ -252,3 +266,9 @@ def flex_mods(
     return Mods(
         score_mod, block_mask.mask_mod, block_mask.table, block_mask.block_size, ranges=ranges
     )
+
+
+def _check_mod(mod: Any, what: str, library: str | None) -> None:
+    if library is not None:
+        against = "the library of the inputs (of their chunks, for dask)"
+        check_libraries(mod, what=what, library=library, against=against)

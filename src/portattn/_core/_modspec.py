@@ -14,8 +14,10 @@ captured arrays alone runs unchanged under torch's ``flex_attention``, whose
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 
+from .._lib._captures import captured
 from .._lib._checks import dtype_name, has_kind
 from .._lib._compat import library_name
 from .._lib._typing import Array, Device, DType, Namespace
@@ -27,8 +29,10 @@ __all__ = [
     "and_masks",
     "apply_mask_mod",
     "apply_score_mod",
+    "check_libraries",
     "check_sizes",
     "index_dtype",
+    "mod_library",
     "or_masks",
     "sized",
     "tile_indices",
@@ -58,6 +62,54 @@ def check_sizes(mod: object, *, batch: int, heads: int, lq: int, lk: int) -> Non
     check = getattr(mod, _SIZES, None)
     if check is not None:
         check(batch, heads, lq, lk)
+
+
+def _is_captured_array(x: object) -> bool:
+    """An array a mod may index (rank 1 or more); a 0-d array or NumPy scalar acts as a number."""
+    shape = getattr(x, "shape", None)
+    return (
+        not isinstance(x, type)
+        and isinstance(shape, tuple)
+        and len(shape) > 0
+        and hasattr(x, "dtype")
+    )
+
+
+def mod_library(x: Array) -> str:
+    """The library a call's mods compute in: the inputs', or their chunks' for a dask array."""
+    top = _library(x)
+    meta = getattr(x, "_meta", None)  # a dask array runs its mods on chunks
+    return _library(meta) if top == "dask" and meta is not None else top
+
+
+def check_libraries(mod: Callable[..., object], *, what: str, library: str, against: str) -> None:
+    """Refuse an array ``mod`` captures that is not of ``library``, before any tile is formed.
+
+    A mod computes in the library of the index arguments it is handed, which
+    is the inputs' (``against`` says which call fixed it). A captured array
+    of another library failed deep inside the mod, differently per path:
+    NumPy slopes under JAX ran on materialize and broke blockwise and
+    ``jit``; NumPy ids indexed by tensors returned NumPy. Every path now
+    refuses it the same way, once per call, naming the mod and both libraries.
+    Under ``torch.compile`` the walk is skipped: dynamo cannot trace it, and
+    traces the mod itself (NumPy included) instead.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.compiler.is_compiling():
+        return
+    for x in captured(mod, _is_captured_array):
+        have = _library(x)
+        if have == library:
+            continue
+        shape = tuple(getattr(x, "shape", ()))
+        make = "jax.numpy" if library == "jax" else library
+        msg = (
+            f"expected the arrays that {what} {_name_of(mod)} captures to be {library} arrays, "
+            f"{against}, got a {type(x).__module__}.{type(x).__name__} of shape {shape} "
+            f"({have}): convert it ({make}.asarray) and build the mod, and any block mask "
+            "built from it, again"
+        )
+        raise TypeError(msg)
 
 
 def index_dtype(*, xp: Namespace, device: Device = None) -> DType:

@@ -33,7 +33,7 @@ from .._lib._typing import Array, Device, DType, Namespace
 from ._flex import flex_mods
 from ._groups import kv_groups, repeat_kv
 from ._masks import Align, Structure, length_mask
-from ._modspec import index_dtype
+from ._modspec import index_dtype, mod_library
 from ._problem import Problem
 from ._variant import Variant, build_variant
 
@@ -258,7 +258,9 @@ def prepare(
     p = _problem(query, key, value, plan, groups, xp=xp)
     if score_mod is None and block_mask is None:
         return p
-    mods = flex_mods(score_mod, block_mask, batch=p.batch, lq=p.lq, lk=p.lk)
+    mods = flex_mods(
+        score_mod, block_mask, batch=p.batch, lq=p.lq, lk=p.lk, library=mod_library(query)
+    )
     return dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods))
 
 

@@ -28,11 +28,11 @@ import torch
 
 from .._core._flex import Mods
 from .._core._problem import Problem, Variant
+from .._lib._captures import captured
 from .._lib._precision import torch_autocast_off
 from .._lib._typing import Array, Namespace
 from .._paths._blockwise import blockwise_attention as _plain_blockwise
 from ._backward import Pullback, ScoreVjp, blockwise_backward
-from ._captures import captured
 
 __all__ = ["BlockwiseAttention", "captured_tensors", "score_vjp"]
 

@@ -1,4 +1,4 @@
-"""The arrays a ``score_mod`` captures, so that gradients can reach them.
+"""The arrays a mod captures, so that gradients can reach them and their library be checked.
 
 A ``score_mod`` is an ordinary Python function; the learned arrays it reads
 (ALiBi slopes, a T5 bucket table) hide in its closure cells, its defaults,
@@ -6,7 +6,8 @@ the object it is bound to, a ``functools.partial``, or module globals it
 names. torch's autograd cannot see through the custom ``autograd.Function``
 the blockwise path is, so those tensors are found here and passed to it as
 extra inputs; its backward then differentiates the mod per tile and returns
-their gradients.
+their gradients. The mod protocol (``_core/_modspec``) also walks them
+once per call, to refuse arrays of another library than the inputs'.
 """
 
 from __future__ import annotations
