@@ -101,7 +101,7 @@ def auto_delegates(
     if namespace_library(xp) != "torch":
         return False
     va = p.variant
-    plain = va.positions_only and va.softcap is None and va.sinks is None
+    plain = va.positions_only and va.kernel_lacks() is None
     if plain and not return_lse and p.structure.trivial:
         # Nothing to refuse, no mask to hand over, no key hidden: the rule
         # below says yes, and a decode step asks it for every token.
