@@ -737,13 +737,13 @@ def test_a_mod_that_returns_numpy_for_torch_inputs_is_named(rng: np.random.Gener
     ids = np.repeat(np.arange(3), 4)  # NumPy, not torch
     bm = pa.create_block_mask(pa.mods.documents(ids), None, None, 12, 12, block_size=8)
     for impl in ("materialize", "blockwise"):
-        with pytest.raises(TypeError, match=r"mask_mod .*torch.*got numpy\.ndarray"):
+        with pytest.raises(TypeError, match=r"mask_mod .*torch.*got a numpy\.ndarray"):
             pa.attention(q, q, q, block_mask=bm, impl=impl)
     table = np.linspace(0.0, 1.0, 12)
-    with pytest.raises(TypeError, match=r"score_mod .*torch.*got numpy\.ndarray"):
+    with pytest.raises(TypeError, match=r"score_mod .*torch.*got a numpy\.ndarray"):
         pa.attention(q, q, q, score_mod=lambda s, b, h, qi, ki: np.where(table[ki] > 0.5, 1.0, 0.0))
     torch_ids = torch.from_numpy(ids)
-    with pytest.raises(TypeError, match=r"mask_mod .*numpy.*got torch"):  # built by NumPy
+    with pytest.raises(TypeError, match=r"mask_mod .*numpy.*got a torch"):  # built by NumPy
         pa.create_block_mask(pa.mods.documents(torch_ids), None, None, 12, 12, block_size=8)
     # The same mask, captured and built in the inputs' library, runs.
     bm = pa.create_block_mask(

@@ -376,7 +376,11 @@ def _capturing_mod(kind: str, make: Any) -> tuple[str, str, Any]:
 
 
 def _library(backend: Backend) -> str:
-    return "jax" if backend.name.startswith("jax") else backend.name
+    """The library behind a backend (``numpy_readonly``, ``jax32``, ``torch_cuda`` named by root)."""
+    for root in ("jax", "numpy", "torch"):
+        if backend.name.startswith(root):
+            return root
+    return backend.name
 
 
 def _flex(kind: str, mod: Any, backend: Backend, **kw: Any) -> dict[str, Any]:
