@@ -138,7 +138,8 @@ def _pytest(
 @_shared()
 def tests(session: nox.Session) -> None:
     """Every CPU backend once (NumPy, torch, array-api-strict, JAX), compared; the doctests."""
-    _pytest(session, CPU_BACKENDS, DEFAULT_MARKERS, workers=_workers())
+    # The slowest tests are listed, so that the next test to mark slow is in every log.
+    _pytest(session, CPU_BACKENDS, DEFAULT_MARKERS, workers=(*_workers(), "--durations=30"))
     _run(
         session,
         "-m",
