@@ -285,6 +285,7 @@ def test_work_follows_each_batch_entrys_own_mask(
     assert_close_on(backend, out, want, dtype=xp.float32)
 
 
+@pytest.mark.slow  # among the default run's slowest (10-50 s); tests-extra runs it
 def test_per_batch_parts_differentiate_like_one_call(rng: np.random.Generator) -> None:
     """torch and JAX gradients through the per-entry parts equal the materialised call's.
 
@@ -470,6 +471,7 @@ def test_torch_gradcheck() -> None:
     assert torch.autograd.gradcheck(f, (q, k, v, slopes, sinks))
 
 
+@pytest.mark.slow  # among the default run's slowest (10-50 s); tests-extra runs it
 def test_torch_double_backward_through_mods() -> None:
     """A constant score_mod: second order equals materialize's. Captured tensors: refused."""
     import torch
@@ -497,6 +499,7 @@ def test_torch_double_backward_through_mods() -> None:
     assert g.shape == q.shape
 
 
+@pytest.mark.slow  # among the default run's slowest (10-50 s); tests-extra runs it
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`:UserWarning")
 @pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")
 @pytest.mark.parametrize("backend_name", ["eager", "aot_eager"])
@@ -518,6 +521,7 @@ def test_torch_compile_fullgraph(rng: np.random.Generator, backend_name: str) ->
         assert float((g - w).abs().max()) < 1e-10
 
 
+@pytest.mark.slow  # among the default run's slowest (10-50 s); tests-extra runs it
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`:UserWarning")
 @pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")
 def test_torch_compile_fullgraph_runs_per_batch_parts(rng: np.random.Generator) -> None:
@@ -553,6 +557,7 @@ def test_torch_compile_fullgraph_runs_per_batch_parts(rng: np.random.Generator) 
         assert float((g - w).abs().max()) < 1e-10
 
 
+@pytest.mark.slow  # among the default run's slowest (10-50 s); tests-extra runs it
 def test_jax_gradients_jit_and_vmap(rng: np.random.Generator) -> None:
     import jax
     import jax.numpy as jnp

@@ -672,6 +672,7 @@ def test_empty_shapes_stay_connected_with_zero_grads(rng, impl, q_shape, k_shape
     torch.autograd.grad(w.sum(), (q, k))
 
 
+@pytest.mark.slow  # among the default run's slowest (10-50 s); tests-extra runs it
 @pytest.mark.parametrize("impl", ["blockwise", "auto"])
 def test_jax_double_backward_through_blockwise(rng, jnp, impl):
     """``jax.grad`` of a gradient penalty: the custom_vjp's backward is itself differentiable."""

@@ -76,6 +76,7 @@ def test_decode_with_sliding_window_equals_full_forward(backend: Backend, rng):
     assert_close(backend.xp.concat(steps, axis=-2), full, rtol=1e-12, xp=backend.xp)
 
 
+@pytest.mark.slow  # among the default run's slowest (10-50 s); tests-extra runs it
 def test_decode_in_float32(backend: Backend, rng):
     mha = _model(backend, dtype=backend.xp.float32)
     x = rng.standard_normal((B, L, D))

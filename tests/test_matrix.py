@@ -41,6 +41,7 @@ def _pytest(backends: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # among the default run's slowest (10-50 s); tests-extra runs it
 def test_requested_backend_that_cannot_run_fails_the_run():
     # torch is importable here, but asking for its CUDA device on a machine
     # without one must fail, and the reason must be printed.

@@ -91,6 +91,7 @@ def _check_attention(backend: Backend, rng, cache, ids, full: dict, nq: dict, **
         same(to_numpy(lse)[:, cq[i] : cq[i + 1]], to_numpy(want_lse)[0])
 
 
+@pytest.mark.slow  # among the default run's slowest (10-50 s); tests-extra runs it
 @pytest.mark.parametrize(
     "options",
     [

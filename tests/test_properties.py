@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -69,6 +70,7 @@ def _on(backend, opts, dtype):
     }
 
 
+@pytest.mark.slow  # among the default run's slowest (10-50 s); tests-extra runs it
 @SETTINGS
 @given(problem=problems(), which=st.integers(0, 3))
 def test_attention_matches_reference(backend: Backend, problem, which):
@@ -85,6 +87,7 @@ def test_attention_matches_reference(backend: Backend, problem, which):
     assert_close(got, want, rtol=rtol, dtype=dtype, xp=backend.xp)
 
 
+@pytest.mark.slow  # among the default run's slowest (10-50 s); tests-extra runs it
 @SETTINGS
 @given(problem=problems())
 def test_rows_of_weights_sum_to_one_or_zero(backend: Backend, problem):

@@ -61,6 +61,7 @@ def _round_trip_error(x: object) -> type[BaseException] | None:
     return None
 
 
+@pytest.mark.slow  # among the default run's slowest (10-50 s); tests-extra runs it
 @pytest.mark.jax32  # int32 ids and indices without x64
 def test_block_masks_of_every_ready_made_mod_pickle(
     backend: Backend, rng: np.random.Generator
@@ -303,6 +304,7 @@ def test_torch_vmap_over_any_operand_equals_a_loop(impl: str) -> None:
 # --- 8: inside torch.compile(fullgraph=True) ----------------------------------------------
 
 
+@pytest.mark.slow  # among the default run's slowest (10-50 s); tests-extra runs it
 @pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")
 def test_torch_compile_fullgraph_builds_mods_and_names_block_mask_remedy(
     rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
@@ -376,7 +378,7 @@ def _capturing_mod(kind: str, make: Any) -> tuple[str, str, Any]:
 
 
 def _library(backend: Backend) -> str:
-    """The library behind a backend (``numpy_readonly``, ``jax32``, ``torch_cuda`` named by root)."""
+    """The library behind a backend: numpy_readonly, jax32 and torch_cuda by their root."""
     for root in ("jax", "numpy", "torch"):
         if backend.name.startswith(root):
             return root
