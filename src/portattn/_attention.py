@@ -19,7 +19,7 @@ from ._core._masks import Causal
 from ._core._modspec import ScoreMod
 from ._core._prepare import prepare
 from ._core._problem import Problem
-from ._core._variant import Variant, build_variant, variant_from
+from ._core._variant import Variant, build_variant
 from ._grad._autodiff import blockwise_attention
 from ._lib._checks import check_array, check_flag, check_int_pair
 from ._lib._compat import array_namespace, namespace_library
@@ -527,7 +527,18 @@ def attention_weights(
     xp = array_namespace(
         query, key, mask, bias, key_lengths, query_lengths, sinks, names=_WEIGHTS_NAMES
     )
-    variant = variant_from(locals())
+    variant = build_variant(
+        mask=mask,
+        bias=bias,
+        causal=causal,
+        window=window,
+        key_lengths=key_lengths,
+        query_lengths=query_lengths,
+        softcap=softcap,
+        score_mod=score_mod,
+        block_mask=block_mask,
+        sinks=sinks,
+    )
     out = attend(query, key, None, variant=variant, scale=scale, xp=xp)
     assert not isinstance(out, tuple)
     return out
