@@ -282,15 +282,13 @@ def window_mask(
         ``True`` or ``False`` only.
     align : {"bottom_right", "top_left"}, optional
         How queries line up with keys when ``lq != lk``.
-    xp : namespace or module, optional
-        Array library for the result; ``None`` means NumPy.
-    device : optional
-        Device for the result.
+    xp, device : optional
+        As in :func:`causal_mask`.
 
     Returns
     -------
-    array
-        Boolean array of shape ``(lq, lk)``.
+    array, shape (lq, lk)
+        Boolean: True where the window (and ``causal``) lets query ``i`` see key ``j``.
 
     Examples
     --------

@@ -14,6 +14,7 @@ captured arrays alone runs unchanged under torch's ``flex_attention``, whose
 from __future__ import annotations
 
 import functools
+import operator
 import sys
 from collections.abc import Callable
 
@@ -215,6 +216,28 @@ def _called(what: str, mod: object, idx: Indices, fn: Callable[..., Array], *arg
         raise ValueError(msg) from e
 
 
+def _result(
+    what: str,
+    mod: Callable[..., Array],
+    idx: Indices,
+    args: tuple[Array, ...],
+    *,
+    kind: str,
+    wanted: str,
+    note: str = "",
+    xp: Namespace,
+) -> Array:
+    """``mod(*args)``, checked as both mods' results are: its library, then its dtype's kind."""
+    got = _called(what, mod, idx, mod, *args)
+    _check_library(what, mod, got, idx)
+    dtype = getattr(got, "dtype", None)
+    if dtype is None or not has_kind(dtype, kind, xp=xp):
+        name = type(got).__name__ if dtype is None else dtype_name(dtype)
+        msg = f"expected {what} {_name_of(mod)} to return {wanted}, got {name}{note}"
+        raise TypeError(msg)
+    return got
+
+
 def apply_mask_mod(mask_mod: MaskMod, idx: Indices, *, xp: Namespace) -> Array:
     """``mask_mod(*idx)`` checked, as a 4-D boolean array that broadcasts to the tile.
 
@@ -222,17 +245,9 @@ def apply_mask_mod(mask_mod: MaskMod, idx: Indices, *, xp: Namespace) -> Array:
     ``b`` and ``h`` returns (1, 1, Tq, Tk), and callers may exploit that.
     """
     tile = _tile_shape(idx)
-    got = _called("mask_mod", mask_mod, idx, mask_mod, *idx)
-    _check_library("mask_mod", mask_mod, got, idx)
+    wanted = "a boolean array (True where attention is allowed)"
+    got = _result("mask_mod", mask_mod, idx, idx, kind="bool", wanted=wanted, xp=xp)
     shape = tuple(getattr(got, "shape", ()))
-    dtype = getattr(got, "dtype", None)
-    if dtype is None or not has_kind(dtype, "bool", xp=xp):
-        kind = type(got).__name__ if dtype is None else dtype_name(dtype)
-        msg = (
-            f"expected mask_mod {_name_of(mask_mod)} to return a boolean array "
-            f"(True where attention is allowed), got {kind}"
-        )
-        raise TypeError(msg)
     if not _broadcastable(shape, tile):
         msg = (
             f"expected mask_mod {_name_of(mask_mod)} to return an array broadcastable "
@@ -254,16 +269,11 @@ def apply_score_mod(score_mod: ScoreMod, score: Array, idx: Indices, *, xp: Name
     axis (its value would depend on how a path tiles the scores), are
     refused, naming the mod and the shape expected.
     """
-    got = _called("score_mod", score_mod, idx, score_mod, score, *idx)
-    _check_library("score_mod", score_mod, got, idx)
-    dtype = getattr(got, "dtype", None)
-    if dtype is None or not has_kind(dtype, "real floating", xp=xp):
-        kind = type(got).__name__ if dtype is None else dtype_name(dtype)
-        msg = (
-            f"expected score_mod {_name_of(score_mod)} to return a real array "
-            f"shaped like the score, got {kind}; scores are floating (integers are refused)"
-        )
-        raise TypeError(msg)
+    got = _result(
+        "score_mod", score_mod, idx, (score, *idx), kind="real floating",
+        wanted="a real array shaped like the score",
+        note="; scores are floating (integers are refused)", xp=xp,
+    )  # fmt: skip
     shape = tuple(got.shape)
     want = tuple(score.shape)
     if shape != want:
@@ -276,7 +286,7 @@ def apply_score_mod(score_mod: ScoreMod, score: Array, idx: Indices, *, xp: Name
             )
             raise ValueError(msg)
         got = xp.broadcast_to(got, want)
-    if dtype != score.dtype:
+    if got.dtype != score.dtype:
         got = xp.astype(got, score.dtype)
     return got
 
@@ -322,10 +332,7 @@ def and_masks(*mask_mods: MaskMod) -> MaskMod:
            [0, 1, 1, 0],
            [0, 0, 1, 1]], dtype=int8)
     """
-    _check_mods("and_masks", mask_mods)
-    mods = tuple(mask_mods)
-
-    return _combined(_and_mask, mods)
+    return _combined("and_masks", _and_mask, mask_mods)
 
 
 def or_masks(*mask_mods: MaskMod) -> MaskMod:
@@ -334,7 +341,7 @@ def or_masks(*mask_mods: MaskMod) -> MaskMod:
     Parameters
     ----------
     *mask_mods : callable
-        Functions ``(b, h, q_idx, kv_idx) -> bool array``.
+        As in :func:`and_masks`.
 
     Returns
     -------
@@ -355,15 +362,15 @@ def or_masks(*mask_mods: MaskMod) -> MaskMod:
            [1, 1, 0],
            [1, 1, 1]], dtype=int8)
     """
-    _check_mods("or_masks", mask_mods)
-    mods = tuple(mask_mods)
-
-    return _combined(_or_mask, mods)
+    return _combined("or_masks", _or_mask, mask_mods)
 
 
 # Module-level functions bound by functools.partial, not closures: a block
 # mask built from a combination then pickles with the standard library.
-def _combined(fn: Callable[..., Array], mods: tuple[MaskMod, ...]) -> MaskMod:
+def _combined(name: str, fn: Callable[..., Array], mask_mods: tuple[MaskMod, ...]) -> MaskMod:
+    """``and_masks`` and ``or_masks`` alike: the mods checked, bound to ``fn``, and sized."""
+    _check_mods(name, mask_mods)
+    mods = tuple(mask_mods)
     mod = functools.partial(fn, mods)
     mod.__name__ = fn.__name__.lstrip("_")  # type: ignore[attr-defined]
     return sized(mod, functools.partial(_check_each, mods))
@@ -372,18 +379,20 @@ def _combined(fn: Callable[..., Array], mods: tuple[MaskMod, ...]) -> MaskMod:
 def _and_mask(mods: tuple[MaskMod, ...], b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
     if not mods:
         return q_idx == q_idx  # True everywhere, in the caller's library, by operators alone
-    result = mods[0](b, h, q_idx, kv_idx)
-    for mod in mods[1:]:
-        result = result & mod(b, h, q_idx, kv_idx)
-    return result
+    return _fold(operator.and_, mods, b, h, q_idx, kv_idx)
 
 
 def _or_mask(mods: tuple[MaskMod, ...], b: Array, h: Array, q_idx: Array, kv_idx: Array) -> Array:
     if not mods:
         return q_idx != q_idx  # False everywhere
-    result = mods[0](b, h, q_idx, kv_idx)
+    return _fold(operator.or_, mods, b, h, q_idx, kv_idx)
+
+
+def _fold(op: Callable[[Array, Array], Array], mods: tuple[MaskMod, ...], *idx: Array) -> Array:
+    """The mods' masks at ``idx`` combined by ``op`` (``&`` or ``|``), left to right, in order."""
+    result = mods[0](*idx)
     for mod in mods[1:]:
-        result = result | mod(b, h, q_idx, kv_idx)
+        result = op(result, mod(*idx))
     return result
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -27,7 +27,7 @@ from .._lib._typing import Array
 from ._flex import Mods, flex_mods
 from ._masks import Align, Structure, normalize_causal, normalize_window
 
-__all__ = ["SINK", "ArraySpec", "Variant", "build_variant"]
+__all__ = ["OPTIONS", "SINK", "ArraySpec", "Variant", "build_variant", "variant_from"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +219,8 @@ class Variant:
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Variant))
+#: The options' keywords, as the public signatures and :func:`build_variant` spell them.
+OPTIONS = tuple(name for name in _FIELDS if name != "mods")
 #: The array field that is one more logit per row (gpt-oss's attention sinks).
 SINK = "sinks"
 # The options that are neither arrays nor mods: plain values, a memo key's parts.
@@ -287,6 +289,16 @@ def build_variant(
         score_mod,
         block_mask,
     )
+
+
+def variant_from(arguments: Mapping[str, Any]) -> Variant:
+    """:func:`build_variant` on the options among a public entry's ``arguments``, by name.
+
+    An entry passes its ``locals()`` (no name of its own may be an option's),
+    so that its signature is the one place it lists the options it takes:
+    one added to the signature reaches the variant with no other line.
+    """
+    return build_variant(**{name: arguments[name] for name in OPTIONS if name in arguments})
 
 
 def _check_softcap(softcap: object) -> float:

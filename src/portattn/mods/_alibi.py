@@ -79,7 +79,9 @@ def alibi(slopes: Array, /) -> ScoreMod:
     Returns
     -------
     callable
-        The ``score_mod``; it also serves torch's ``flex_attention``.
+        The ``score_mod``: ``score - slopes[h] * |q_idx - kv_idx|``, the
+        distance cast to the score's dtype (it also serves torch's
+        ``flex_attention``).
 
     Examples
     --------

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, overload
 
-from .._core._variant import Variant, build_variant
+from .._core._variant import Variant, variant_from
 from .._lib._checks import check_finite_scale, check_flag, check_int_pair
 from .._lib._compat import array_namespace, namespace_library
 from .._lib._typing import Array, Namespace
@@ -191,14 +191,7 @@ def attention(
     if causal is not True and causal is not False:
         msg = f"expected causal to be True or False (positions are global), got {causal!r}"
         raise ValueError(msg)
-    variant = build_variant(
-        causal=causal,
-        window=window,
-        softcap=softcap,
-        score_mod=score_mod,
-        block_mask=block_mask,
-        sinks=sinks,
-    )
+    variant = variant_from(locals())
     setup = _setup(strategy, layout, variant, scale, block_size)
     want_lse = check_flag("return_lse", return_lse)
     out, lse = _run(q, k, v, setup, group, axis_name, lib=lib, xp=xp)
