@@ -34,6 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "docs" / "_gen"))
 from jaxcache import jax_cache_env  # shared with docs/_gen/hooks.py
 
 nox.needs_version = ">=2025.2.9"
+
+# Python keeps the bytecode it compiles in nox's environments. uv installs
+# without .pyc files, and where PYTHONDONTWRITEBYTECODE is set (as on CI's
+# machines) every process would compile torch, JAX and transformers from
+# source again: collecting the default suite took 47 s of CPU that way and
+# 17 s with the bytecode kept, in each xdist worker, each rank a test spawns
+# and each docs build.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
@@ -57,6 +65,8 @@ DEFAULT_MARKERS = (
     "not slow and not cluster and not models and not inductor and not parallel and not examples"
 )
 EXTRA_MARKERS = "(slow or cluster or models or parallel) and not inductor and not examples"
+IN_PROCESS_EXTRA = f"({EXTRA_MARKERS}) and not cluster and not parallel"
+SPAWNING_EXTRA = f"({EXTRA_MARKERS}) and (cluster or parallel)"
 
 _CPU_ENV: dict[str, str] = {}
 
@@ -153,8 +163,14 @@ def tests(session: nox.Session) -> None:
 
 @_shared(name="tests-extra", default=False)
 def tests_extra(session: nox.Session) -> None:
-    """The suites kept out of the default: large N (slow), LocalCluster, HF models."""
-    _pytest(session, CPU_BACKENDS, EXTRA_MARKERS)
+    """The suites kept out of the default: large N (slow), LocalCluster, HF models, ranks.
+
+    The in-process suites spread over xdist's workers, as the default does;
+    the LocalCluster and context-parallel tests start processes of their
+    own, with bounded timeouts, and run one at a time after them.
+    """
+    _pytest(session, CPU_BACKENDS, IN_PROCESS_EXTRA, workers=_workers())
+    _pytest(session, CPU_BACKENDS, SPAWNING_EXTRA)
 
 
 # One backend at a time: `nox -s "tests-backend(numpy)"`, or every one in turn
