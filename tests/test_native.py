@@ -127,3 +127,33 @@ def test_native_torch_always_gets_4d(monkeypatch, rng, shape):
             assert_close(got, want, rtol=1e-12)
         assert tuple(got.shape) == shape
     assert seen and all(s[:3] == (4, 4, 4) and s[3] in (None, 4) for s in seen)
+
+
+# --- torch's kernel takes the scale itself --------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["auto", "native"])
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_native_torch_takes_the_scale_without_a_pass_over_q(monkeypatch, rng, impl, scale):
+    """SDPA gets the caller's query as it is and ``scale=``; the generic paths still scale q."""
+    import torch
+    import torch.nn.functional as F
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append((q, kwargs["scale"]))
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    q, k, v = (torch.from_numpy(rng.standard_normal((2, 4, n, 8))) for n in (5, 7, 7))
+    got = pa.attention(q, k, v, scale=scale, impl=impl)
+    assert len(seen) == 1 and seen[0][0] is q
+    assert seen[0][1] == pytest.approx(8**-0.5 if scale is None else scale, rel=1e-15)
+    want = pa.attention(q, k, v, scale=scale, impl="materialize")
+    assert_close(got, want, rtol=1e-12)
+    # auto on a call the kernel does not take (return_lse) scales q itself
+    out, _ = pa.attention(q, k, v, scale=scale, return_lse=True)
+    assert len(seen) == 1
+    assert_close(out, want, rtol=1e-12)

@@ -408,7 +408,12 @@ def attend(
     (:func:`solve_weights`; ``impl``, ``block_size`` and ``return_lse`` are
     then unused). ``xp`` is the inputs' namespace, looked up by the caller.
     """
-    p = prepare(query, key, value, variant, scale=scale, xp=xp)
+    # torch's kernel takes the scale itself: q is scaled in solve, and only
+    # if another path runs (the product took a fifth of a torch call at the
+    # chapter's size, and a prefill pays a pass over q).
+    defer = value is not None and isinstance(impl, str) and impl in ("auto", "native")
+    defer = defer and namespace_library(xp) == "torch"
+    p = prepare(query, key, value, variant, scale=scale, xp=xp, scale_q=not defer)
     if value is None:
         return solve_weights(p, xp=xp)
     return solve(p, impl=impl, block_size=block_size, return_lse=return_lse, xp=xp)
@@ -454,6 +459,8 @@ def _solve(
     lse: Array | None
     if impl == "auto" and lib != "dask":
         impl = auto_impl(p, lib=lib, want_lse=want_lse, xp=xp)
+    if impl != "native":
+        p = p.scaled()  # only the kernels take an unscaled q
     if lib == "dask":
         from ._paths._dask import dask_attention  # dask is optional: imported for dask arrays only
 
@@ -546,6 +553,7 @@ def attention_weights(
 
 def solve_weights(p: Problem, *, xp: Namespace) -> Array:
     """The weights of a prepared problem, cast back: the second half of ``attention_weights``."""
+    p = p.scaled()
     off = torch_autocast_off(p.device) if namespace_library(xp) == "torch" else None
     if off is not None:
         with off:

@@ -232,13 +232,16 @@ def prepare(
     *,
     scale: object = None,
     xp: Namespace,
+    scale_q: bool = True,
 ) -> Problem:
     """Check every argument and return the problem in compute precision.
 
     ``variant`` comes from :func:`~portattn._core._variant.build_variant`
     (``None``: no option). ``value=None`` validates a weights-only call
     (:func:`attention_weights`). Options are validated before anything is
-    cached on them.
+    cached on them. ``scale_q=False`` leaves ``q`` unscaled
+    (``Problem.q_scaled``), for a caller that may hand it to a kernel
+    taking the scale itself.
     """
     if variant is None:
         variant = build_variant()
@@ -255,7 +258,7 @@ def prepare(
             if len(_PLANS) >= _STRUCTURES_MAX:
                 _PLANS.clear()
             _PLANS[memo] = plan
-    p = _problem(query, key, value, plan, groups, xp=xp)
+    p = _problem(query, key, value, plan, groups, scale_q=scale_q, xp=xp)
     if score_mod is None and block_mask is None:
         return p
     mods = flex_mods(
@@ -305,12 +308,21 @@ def _memoisable(query: Array, key: Array, value: Array | None) -> bool:
 
 
 def _problem(
-    query: Array, key: Array, value: Array | None, plan: _Plan, groups: int, *, xp: Namespace
+    query: Array,
+    key: Array,
+    value: Array | None,
+    plan: _Plan,
+    groups: int,
+    *,
+    scale_q: bool,
+    xp: Namespace,
 ) -> Problem:
-    """The arrays in compute precision (``q`` scaled, padding zeroed), with ``plan``'s facts."""
+    """The arrays in compute precision (``q`` scaled if asked, padding zeroed), and ``plan``."""
     batch, structure, out_dtype, work, dev, scale_value, variant = plan
     # Inline rather than _as(): at the chapter's size every call shows.
-    q = (query if query.dtype == work else xp.astype(query, work)) * scale_value
+    q = query if query.dtype == work else xp.astype(query, work)
+    if scale_q:
+        q = q * scale_value
     k = key if key.dtype == work else xp.astype(key, work)
     v = value if value is None or value.dtype == work else xp.astype(value, work)
     if variant.key_lengths is not None:
@@ -328,7 +340,7 @@ def _problem(
         if v is not None:
             v = xp.where(keep, v, 0.0)
     # Positional, in field order: keywords cost a small call half a microsecond.
-    return Problem(q, k, v, variant, structure, batch, out_dtype, dev, scale_value, groups)
+    return Problem(q, k, v, variant, structure, batch, out_dtype, dev, scale_value, groups, scale_q)
 
 
 def _lengths(x: Array, n: int, *, xp: Namespace, device: Device) -> Array:

@@ -25,7 +25,12 @@ __all__ = ["Problem", "Variant", "empty_result", "empty_scores", "expand"]
 
 @dataclass(slots=True)
 class Problem:
-    """A validated attention call (never modified after ``prepare``); ``q`` is already scaled."""
+    """A validated attention call (never modified after ``prepare``); ``q`` is already scaled.
+
+    Except where ``q_scaled`` is False: the torch entry defers the scale to
+    the path, since torch's kernel takes it (``scale=``) without a pass over
+    ``q``; every other path reads :meth:`scaled` first.
+    """
 
     q: Array  # (..., Lq, d), compute dtype
     k: Array  # (..., Lk, d); with groups > 1, (..., Hkv, Lk, d) against q's (..., H, Lq, d)
@@ -40,6 +45,18 @@ class Problem:
     # every product of a query-side array with k or v goes through
     # grouped_matmul. The batch shape, and every option, has the query's H.
     groups: int = 1
+    q_scaled: bool = True  # False: q is still to be multiplied by scale (see the docstring)
+
+    def scaled(self) -> Problem:
+        """This problem with ``q`` multiplied by ``scale`` (itself where it already is)."""
+        if self.q_scaled:
+            return self
+        return dataclasses.replace(self, q=self.q * self.scale, q_scaled=True)
+
+    @property
+    def kernel_scale(self) -> float:
+        """The scale a fused kernel must apply: 1 where ``q`` is already scaled."""
+        return 1.0 if self.q_scaled else self.scale
 
     @property
     def lq(self) -> int:

@@ -7,8 +7,9 @@ generic path computes:
 - JAX: :func:`jax.nn.dot_product_attention`.
 
 Both receive the problem as :func:`~portattn._core._prepare.prepare` left it: ``q``
-already multiplied by the scale (so the kernel's scale is 1) and in the
-compute dtype (float32 for half types), and every position-derived mask
+in the compute dtype (float32 for half types) and multiplied by the scale
+unless the entry left that to the kernel (``Problem.kernel_scale``, 1 where
+``q`` is already scaled), and every position-derived mask
 (causal in either alignment, windows, key and query lengths) folded into one
 boolean mask, so alignment is decided by portattn and never by the kernel's
 own convention. Rows that see no key are set to 0 afterwards, whatever the
@@ -203,7 +204,7 @@ def _torch(
         full(p.v, p.lk, h // p.groups),
         attn_mask=mask,
         is_causal=is_causal,
-        scale=1.0,
+        scale=p.kernel_scale,
         **gqa,
     )
     # Rows that see nothing are 0 by portattn's contract; kernels differ here
@@ -250,7 +251,7 @@ def _jax(
         heads_last(p.v, lk, heads // g),
         bias=scores_like(bias),
         mask=scores_like(allowed),
-        scale=1.0,
+        scale=p.kernel_scale,
         is_causal=is_causal,
     )
     out = xp.reshape(xp.permute_dims(out, (0, 2, 1, 3)), (*p.batch, lq, p.dv))
