@@ -69,40 +69,90 @@ def test_both_loss_curves_are_drawn(learned_page: Any) -> None:
             assert boxes[0][0] > 100 and boxes[0][1] > 20, (task, impl, boxes)
 
 
-def _lines(view: Any) -> dict[tuple[int, int], float]:
+def _lines(view: Any) -> dict[tuple[int, int, int], float]:
+    """(head, query, key) -> the opacity its line is drawn with."""
     got = view.locator("line").evaluate_all(
-        "ls => ls.map(l => [+l.dataset.q, +l.dataset.k, +l.getAttribute('stroke-opacity')])"
+        "ls => ls.map(l => [+l.dataset.h, +l.dataset.q, +l.dataset.k,"
+        " +l.getAttribute('stroke-opacity')])"
     )
-    return {(q, k): w for q, k, w in got}
+    return {(h, q, k): w for h, q, k, w in got}
 
 
-def test_head_view_follows_layer_head_and_hover(learned_page: Any) -> None:
+def _assert_drawn(view: Any, weights: Any, layer: int, picked: set[int]) -> None:
+    """The ticked heads' lines carry their weights; the others are not drawn."""
+    lines = _lines(view)
+    for (h, q, k), w in lines.items():
+        want = weights[layer][h][q][k] if h in picked else 0
+        assert w == pytest.approx(want), (layer, h, q, k)
+
+
+def test_head_view_overlays_heads_and_follows_hover(learned_page: Any) -> None:
     page = learned_page
     view = page.locator('[data-pa-headview="induction"]')
     data = heads.view_data("induction")
-    n = len(data["tokens"])
-    assert view.get_attribute("data-layer") == "0" and view.get_attribute("data-head") == "0"
-    lines = _lines(view)
-    assert lines[(3, 2)] == pytest.approx(data["weights"][0][0][3][2])
-    picks = view.locator(".pa-hv-pick")
-    picks.nth(1).click()  # layer 2
-    picks.nth(3).click()  # head 2
-    assert view.get_attribute("data-layer") == "1" and view.get_attribute("data-head") == "1"
-    assert view.locator(".pa-hv-pick[aria-pressed=true]").count() == 2
-    lines = _lines(view)
-    for (q, k), w in lines.items():
-        assert w == pytest.approx(data["weights"][1][1][q][k]), (q, k)
+    n, both = len(data["tokens"]), {0, 1}
+    # At first every head of layer 1 is drawn, each in its own colour.
+    assert view.get_attribute("data-layer") == "0" and view.get_attribute("data-heads") == "0,1"
+    _assert_drawn(view, data["weights"], 0, both)
+    colours = view.locator("g.pa-hv-lines").evaluate_all(
+        "gs => gs.map(g => g.getAttribute('stroke'))"
+    )
+    assert colours == data["colours"][:2]
+    view.locator(".pa-hv-pick").nth(1).click()  # layer 2
+    boxes = view.locator("input.pa-hv-box")
+    boxes.nth(0).uncheck()  # head 1 off: head 2 alone
+    assert view.get_attribute("data-layer") == "1" and view.get_attribute("data-heads") == "1"
+    _assert_drawn(view, data["weights"], 1, {1})
     # Hover a query: only its row stays, and the sentence names its strongest key.
     q = n - 2
     view.locator(f'.pa-hv-query[data-q="{q}"]').hover()
     assert view.get_attribute("data-query") == str(q)
     lines = _lines(view)
-    assert all(w == 0 for (qq, _), w in lines.items() if qq != q)
+    assert all(w == 0 for (_, qq, _), w in lines.items() if qq != q)
     row = data["weights"][1][1][q]
     best = max(range(n), key=row.__getitem__)
-    assert lines[(q, best)] == pytest.approx(row[best])
+    assert lines[(1, q, best)] == pytest.approx(row[best])
     said = view.locator(".pa-hv-sentence").inner_text()
     assert f"{data['tokens'][best]} ({best + 1}) {round(100 * row[best])}%" in said
+    boxes.nth(0).check()  # both heads of layer 2: the sentence names each
+    said = view.locator(".pa-hv-sentence").inner_text()
+    assert "head 2.1:" in said and "head 2.2:" in said, said
+    page.mouse.move(0, 0)
+
+
+def test_thumbnails_are_the_weights_and_select_their_head(learned_page: Any) -> None:
+    page = learned_page
+    for task in learned.TASKS:
+        view = page.locator(f'[data-pa-headview="{task}"]')
+        data = heads.view_data(task)
+        layers, nheads = len(data["weights"]), len(data["weights"][0])
+        thumbs = view.locator(".pa-hv-model .pa-hv-thumb")
+        assert thumbs.count() == layers * nheads
+        # Each thumbnail paints one cell per (query, key), hatched where the mask hides it.
+        n = len(data["tokens"])
+        cells = view.locator(".pa-hv-thumb").first.evaluate(
+            "b => [...b.querySelectorAll('path')].reduce((s, p) => s"
+            " + (p.getAttribute('d').match(/M/g) || []).length, 0)"
+        )
+        assert cells == n * n
+        hatched = view.locator(".pa-hv-thumb [id*=pa-attn-masked] path").count()
+        assert hatched == (layers * nheads if data["causal"] else 0)
+        layer, head = layers - 1, nheads - 1
+        view.locator(f'.pa-hv-thumb[data-layer="{layer}"][data-head="{head}"]').click()
+        assert view.get_attribute("data-layer") == str(layer)
+        assert view.get_attribute("data-heads") == str(head)
+        _assert_drawn(view, data["weights"], layer, {head})
+        pressed = view.locator(".pa-hv-thumb[aria-pressed=true]")
+        assert pressed.count() == 1
+        assert pressed.get_attribute("data-head") == str(head)
+        # On phones the grid sits under the lines, in the column; on desktops beside them.
+        svg = view.locator("svg.pa-hv-svg").bounding_box()
+        grid = view.locator(".pa-hv-grid").bounding_box()
+        assert svg is not None and grid is not None
+        width = page.viewport_size["width"]
+        assert grid["x"] + grid["width"] <= width
+        if width == DESKTOP:
+            assert grid["x"] >= svg["x"] + svg["width"], (svg, grid)
 
 
 def test_japanese_page_has_the_same_numbers(layouts: Any, base_url: str) -> None:
