@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from browsing import DESKTOP, PHONE, open_page, table
-from sitegen import heads, learned
+from sitegen import exercises, heads, learned
 
 LAYOUTS = [(w, s) for w in (PHONE, DESKTOP) for s in ("light", "dark")]
 
@@ -50,6 +50,13 @@ def test_summary_and_head_tables_are_the_training_codes(learned_page: Any) -> No
     assert f"head {name} puts {heads.fmt(score)} of its" in text
     name, score = heads.strongest("induction", "previous", layer=0)
     assert f"head {name} puts {heads.fmt(score)} of its" in text
+    # The exercises' answers (folded away) carry the model's own numbers.
+    answers = " ".join(
+        page.locator("article details.question").evaluate_all("ds => ds.map(d => d.textContent)")
+    )
+    v = exercises.values("learned")
+    for number in (f"{v['best_score']:.3f}", f"{v['weight']:.2f}", f"{v['attn']:,}"):
+        assert number in answers, (number, answers)
 
 
 def test_both_loss_curves_are_drawn(learned_page: Any) -> None:
