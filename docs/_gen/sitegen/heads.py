@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import attnmap, learned
+from . import attnmap, i18n, learned
 from .figures import viridis
 from .plotting import FG, MUTED, SERIES, figure, width
 
@@ -301,7 +301,7 @@ def thumbnail_grid(task: str, *, lang: str = "en") -> str:
         mask = f'<span class="pa-hm-scale-mask"></span><span>{words["masked"]}</span>'
     scale = (
         f'<div class="pa-hm-scale"><span>{words["axes"]}</span>'
-        '<span class="pa-hv-gap"></span><span>0%</span>'
+        f'<span class="pa-hv-gap"></span><span>{i18n.t("scale_title", lang)}</span><span>0%</span>'
         '<span class="pa-hm-scale-bar" style="background-image:linear-gradient(to right, '
         f'{", ".join(stops)})"></span><span>100%</span>{mask}</div>'
     )
