@@ -152,10 +152,10 @@
 
     /* One head: its strongest keys; several: the same, head by head. */
     function sentence(picked, i) {
-      var said = picked.length === 1 ? parts(picked[0], i) : picked.map(function (h) {
+      var joined = picked.length === 1 ? parts(picked[0], i) : picked.map(function (h) {
         return fill(text.per_head, { name: (layer + 1) + "." + (h + 1), parts: parts(h, i) });
       }).join("; ");
-      return fill(text.attends, { q: tokens[i], i: i + 1, parts: said });
+      return fill(text.attends, { q: tokens[i], i: i + 1, parts: joined });
     }
 
     function draw() {
