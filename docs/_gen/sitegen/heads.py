@@ -49,7 +49,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "per_head": "head {name}: {parts}",
         "heads_label": "Heads drawn together",
         "none": "Tick a head to draw its lines.",
-        "grid": "Every layer and head on this sequence. Choose one to draw it above.",
+        "grid": "Every layer and head on this sequence. Choose one to draw its lines alone.",
         "thumb": "layer {layer}, head {head}",
         "axes": "query ↓ key →",
         "masked": "masked",
@@ -83,7 +83,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "per_head": "ヘッド {name}: {parts}",
         "heads_label": "重ねて描くヘッド",
         "none": "ヘッドにチェックを入れると、その線が描かれる。",
-        "grid": "この系列での全層・全ヘッド。1つ選ぶと上に描かれる。",
+        "grid": "この系列での全層・全ヘッド。1つ選ぶと、その線だけが描かれる。",
         "thumb": "層 {layer}、ヘッド {head}",
         "axes": "見る側(クエリ)↓ 見られる側(キー)→",
         "masked": "マスク",
@@ -300,8 +300,8 @@ def thumbnail_grid(task: str, *, lang: str = "en") -> str:
     if data["causal"]:
         mask = f'<span class="pa-hm-scale-mask"></span><span>{words["masked"]}</span>'
     scale = (
-        f'<div class="pa-hm-scale"><span>{words["axes"]}</span>'
-        f'<span class="pa-hv-gap"></span><span>{i18n.t("scale_title", lang)}</span><span>0%</span>'
+        f'<p class="pa-hv-axes">{words["axes"]}</p><div class="pa-hm-scale">'
+        f'<span class="pa-hv-scale-title">{i18n.t("scale_title", lang)}</span><span>0%</span>'
         '<span class="pa-hm-scale-bar" style="background-image:linear-gradient(to right, '
         f'{", ".join(stops)})"></span><span>100%</span>{mask}</div>'
     )
