@@ -138,6 +138,7 @@ def test_head_view_overlays_heads_and_follows_hover(learned_page: Any) -> None:
     said = view.locator(".pa-hv-sentence").inner_text()
     assert f"{data['tokens'][best]} ({best + 1}) {round(100 * row[best])}%" in said
     boxes.nth(0).check()  # both heads of layer 2: the sentence names each
+    view.locator(f'.pa-hv-query[data-q="{q}"]').hover()  # the pointer left for the box
     said = view.locator(".pa-hv-sentence").inner_text()
     assert "head 2.1:" in said and "head 2.2:" in said, said
     page.mouse.move(0, 0)
