@@ -141,6 +141,29 @@ def test_prefill_chunks_decode_and_fork_equal_attention_per_sequence(
     _check_attention(backend, rng, cache, ["a2"], full, {"a2": 1}, **options)
 
 
+def test_a_fork_and_its_parent_writing_together_copy_their_shared_page_once(backend: Backend, rng):
+    """One append to both: the first copies the shared partial page, the second keeps it."""
+    cache = _cache(backend, num_pages=6)
+    cache.add("a")
+    n = PAGE + 1  # one full page and a partial one
+    kv = backend.asarray(rng.standard_normal((n, HKV, D)))
+    cache.append(["a"], kv, kv, cu_seqlens=[0, n])
+    cache.fork("a", "a2")
+    one = backend.asarray(rng.standard_normal((2, HKV, D)))
+    cache.append(["a", "a2"], one, one, cu_seqlens=[0, 1, 2])
+    table = to_numpy(cache.block_table(["a", "a2"]))
+    assert table[0, 0] == table[1, 0] and table[0, 1] != table[1, 1]
+    # Three pages hold data and three are free: none is lost to the pool.
+    assert cache.free_pages == 6 - len(set(table.ravel().tolist()))
+    assert sorted(cache._refs) == [0, 0, 0, 1, 1, 2]
+    # The parent's copy and the fork's own page each read back their own new token.
+    for row in range(2):  # a, then a2
+        page = int(table[row, 1])
+        got = to_numpy(cache.k_pages)[page, 1]
+        np.testing.assert_array_equal(got, to_numpy(one)[row])
+        np.testing.assert_array_equal(to_numpy(cache.k_pages)[page, 0], to_numpy(kv)[PAGE])
+
+
 def _state(cache) -> tuple:
     return (
         {s: list(t) for s, t in cache._tables.items()},

@@ -4,8 +4,11 @@
  * on the right, one line per (query, key) pair whose opacity is the weight.
  * The weights come from the trained model at build time
  * (docs/_gen/sitegen/heads.py writes them as JSON next to the widget); this
- * script draws them, lets the reader choose the layer and head, and reads one
- * query's row as a sentence when its token is hovered, tapped or focused.
+ * script draws them, lets the reader choose the layer and tick the heads to
+ * draw together (each head in its own colour, as BertViz overlays them), and
+ * reads one query's row as a sentence when its token is hovered, tapped or
+ * focused. The grid of every layer and head beside it (BertViz's model view)
+ * is drawn at build time; a click on a thumbnail draws that head alone.
  */
 (function () {
   "use strict";
@@ -39,22 +42,42 @@
     return { group: group, buttons: buttons };
   }
 
+  /* One checkbox per head, all ticked at first: their lines are drawn together. */
+  function headBoxes(text, count, colours, onChange) {
+    var group = el("div", { class: "pa-hv-choice", role: "group", "aria-label": text.heads_label });
+    var boxes = [];
+    for (var i = 0; i < count; i++) {
+      var label = el("label", { class: "pa-hv-pick pa-hv-check" });
+      var box = el("input", { type: "checkbox", class: "pa-hv-box", "data-index": String(i) });
+      box.checked = true;
+      box.addEventListener("change", onChange);
+      label.appendChild(box);
+      label.appendChild(el("span", { class: "pa-hv-swatch", "aria-hidden": "true",
+                                     style: "background:" + colours[i] }));
+      label.appendChild(document.createTextNode(text.head_word + " " + (i + 1)));
+      group.appendChild(label);
+      boxes.push(box);
+    }
+    return { group: group, boxes: boxes };
+  }
+
   function init(root) {
     var data = JSON.parse(root.querySelector(".pa-headview-data").textContent);
     var text = data.text, tokens = data.tokens, n = tokens.length;
-    var layer = 0, head = 0, pinned = null, shown = null;
+    var nHeads = data.weights[0].length;
+    var layer = 0, pinned = null, shown = null;
     var live = root.querySelector(".pa-hv-live");
 
     var layers = choices(text.layer, data.weights.length, text.layer, function (i) { layer = i; draw(); });
-    var heads = choices(text.head_word, data.weights[0].length, text.head_word,
-                        function (i) { head = i; draw(); });
-    heads.buttons.forEach(function (b, i) {
-      b.insertBefore(el("span", { class: "pa-hv-swatch", "aria-hidden": "true",
-                                  style: "background:" + data.colours[i] }), b.firstChild);
-    });
+    var heads = headBoxes(text, nHeads, data.colours, function () { draw(); });
     var controls = el("div", { class: "pa-hv-controls" });
     controls.appendChild(layers.group);
     controls.appendChild(heads.group);
+
+    function selected() {
+      return heads.boxes.filter(function (b) { return b.checked; })
+        .map(function (b) { return +b.getAttribute("data-index"); });
+    }
 
     var height = TOP + n * ROW + 4;
     var svg = svgEl("svg", { class: "pa-hv-svg", viewBox: "0 0 " + WIDTH + " " + height,
@@ -62,18 +85,22 @@
     svg.appendChild(svgEl("text", { x: LEFT, y: 14, "text-anchor": "end", class: "pa-hv-axis" }, text.queries));
     svg.appendChild(svgEl("text", { x: RIGHT, y: 14, class: "pa-hv-axis" }, text.keys));
     var y = function (i) { return TOP + i * ROW + ROW / 2; };
-    var lines = svgEl("g", { class: "pa-hv-lines" });
+    /* line[h][q][k]: each head its own group of lines, in its own colour. */
     var line = [];
-    for (var q = 0; q < n; q++) {
+    for (var h = 0; h < nHeads; h++) {
+      var group = svgEl("g", { class: "pa-hv-lines", "data-h": String(h), stroke: data.colours[h] });
       line.push([]);
-      for (var k = 0; k < n; k++) {
-        var l = svgEl("line", { x1: LEFT + 6, y1: y(q), x2: RIGHT - 6, y2: y(k),
-                                "data-q": String(q), "data-k": String(k) });
-        lines.appendChild(l);
-        line[q].push(l);
+      for (var q = 0; q < n; q++) {
+        line[h].push([]);
+        for (var k = 0; k < n; k++) {
+          var l = svgEl("line", { x1: LEFT + 6, y1: y(q), x2: RIGHT - 6, y2: y(k),
+                                  "data-h": String(h), "data-q": String(q), "data-k": String(k) });
+          group.appendChild(l);
+          line[h][q].push(l);
+        }
       }
+      svg.appendChild(group);
     }
-    svg.appendChild(lines);
     var queries = [], keys = [];
     tokens.forEach(function (t, i) {
       var g = svgEl("g", { class: "pa-hv-query", tabindex: "0", role: "button",
@@ -82,56 +109,91 @@
       g.appendChild(svgEl("text", { x: LEFT, y: y(i) + 4, "text-anchor": "end" }, t));
       svg.appendChild(g);
       queries.push(g);
-      var h = svgEl("g", { class: "pa-hv-key", "data-k": String(i) });
-      h.appendChild(svgEl("rect", { x: RIGHT - 4, y: TOP + i * ROW + 1, width: 26, height: ROW - 2, rx: 3 }));
-      h.appendChild(svgEl("text", { x: RIGHT, y: y(i) + 4 }, t));
-      svg.appendChild(h);
-      keys.push(h);
+      var kg = svgEl("g", { class: "pa-hv-key", "data-k": String(i) });
+      kg.appendChild(svgEl("rect", { x: RIGHT - 4, y: TOP + i * ROW + 1, width: 26, height: ROW - 2, rx: 3 }));
+      kg.appendChild(svgEl("text", { x: RIGHT, y: y(i) + 4 }, t));
+      svg.appendChild(kg);
+      keys.push(kg);
     });
     var said = el("p", { class: "pa-hv-sentence", "aria-live": "polite" });
+    /* The lines and their sentence on one side, the grid of every head on the
+       other (below it on phones). */
+    var view = el("div", { class: "pa-hv-view" });
+    view.appendChild(svg);
+    view.appendChild(said);
+    var body = el("div", { class: "pa-hv-body" });
+    body.appendChild(view);
+    var model = root.querySelector(".pa-hv-model");
+    var thumbs = Array.prototype.slice.call(root.querySelectorAll(".pa-hv-thumb"));
+    if (model) body.appendChild(model);
     live.appendChild(controls);
-    live.appendChild(svg);
-    live.appendChild(said);
+    live.appendChild(body);
 
-    function row(i) { return data.weights[layer][head][i]; }
-
-    function sentence(i) {
-      var order = row(i).map(function (w, j) { return [w, j]; })
-        .filter(function (p) { return Math.round(100 * p[0]) >= 1; })
-        .sort(function (a, b) { return b[0] - a[0]; }).slice(0, 4);
-      var parts = order.map(function (p) {
-        return tokens[p[1]] + " (" + (p[1] + 1) + ") " + Math.round(100 * p[0]) + "%";
+    thumbs.forEach(function (b) {
+      b.addEventListener("click", function () {
+        layer = +b.getAttribute("data-layer");
+        var pick = +b.getAttribute("data-head");
+        heads.boxes.forEach(function (box, i) { box.checked = i === pick; });
+        draw();
+        svg.scrollIntoView({ block: "nearest" });
       });
-      return fill(text.attends, { q: tokens[i], i: i + 1, parts: parts.join(", ") });
+    });
+
+    function row(h, i) { return data.weights[layer][h][i]; }
+
+    function parts(h, i) {
+      return row(h, i).map(function (w, j) { return [w, j]; })
+        .filter(function (p) { return Math.round(100 * p[0]) >= 1; })
+        .sort(function (a, b) { return b[0] - a[0]; }).slice(0, 4)
+        .map(function (p) {
+          return tokens[p[1]] + " (" + (p[1] + 1) + ") " + Math.round(100 * p[0]) + "%";
+        }).join(", ");
+    }
+
+    /* One head: its strongest keys; several: the same, head by head. */
+    function sentence(picked, i) {
+      var joined = picked.length === 1 ? parts(picked[0], i) : picked.map(function (h) {
+        return fill(text.per_head, { name: (layer + 1) + "." + (h + 1), parts: parts(h, i) });
+      }).join("; ");
+      return fill(text.attends, { q: tokens[i], i: i + 1, parts: joined });
     }
 
     function draw() {
-      var colour = data.colours[head];
+      var picked = selected();
       root.setAttribute("data-layer", String(layer));
-      root.setAttribute("data-head", String(head));
+      root.setAttribute("data-heads", picked.join(","));
       root.setAttribute("data-query", shown === null ? "" : String(shown));
       layers.buttons.forEach(function (b, i) { b.setAttribute("aria-pressed", String(i === layer)); });
-      heads.buttons.forEach(function (b, i) { b.setAttribute("aria-pressed", String(i === head)); });
-      for (var q = 0; q < n; q++) {
-        for (var k = 0; k < n; k++) {
-          var w = row(q)[k];
-          var on = shown === null || shown === q;
-          var l = line[q][k];
-          l.setAttribute("stroke", colour);
-          l.setAttribute("stroke-opacity", on ? String(w) : "0");
-          l.setAttribute("data-w", on ? String(w) : "0");
+      thumbs.forEach(function (b) {
+        var on = +b.getAttribute("data-layer") === layer && picked.indexOf(+b.getAttribute("data-head")) >= 0;
+        b.setAttribute("aria-pressed", String(on));
+      });
+      for (var h = 0; h < nHeads; h++) {
+        var drawn = picked.indexOf(h) >= 0;
+        for (var q = 0; q < n; q++) {
+          var on = drawn && (shown === null || shown === q);
+          for (var k = 0; k < n; k++) {
+            var w = on ? row(h, q)[k] : 0;
+            line[h][q][k].setAttribute("stroke-opacity", String(w));
+            line[h][q][k].setAttribute("data-w", String(w));
+          }
         }
       }
+      /* A key's box takes the colour of the head that looks at it most. */
       keys.forEach(function (g, k) {
-        var w = shown === null ? 0 : row(shown)[k];
+        var best = 0, colour = "transparent";
+        if (shown !== null) picked.forEach(function (h) {
+          if (row(h, shown)[k] > best) { best = row(h, shown)[k]; colour = data.colours[h]; }
+        });
         g.querySelector("rect").setAttribute("fill", colour);
-        g.querySelector("rect").setAttribute("fill-opacity", String(0.45 * w));
-        g.setAttribute("data-w", String(w));
+        g.querySelector("rect").setAttribute("fill-opacity", String(0.45 * best));
+        g.setAttribute("data-w", String(best));
       });
       queries.forEach(function (g, q) { g.classList.toggle("pa-hv-active", q === shown); });
       said.textContent = "";
-      said.appendChild(shown === null ? el("span", { class: "pa-hv-hint" }, text.hint)
-                                      : el("span", { class: "pa-hv-said" }, sentence(shown)));
+      if (!picked.length) said.appendChild(el("span", { class: "pa-hv-hint" }, text.none));
+      else if (shown === null) said.appendChild(el("span", { class: "pa-hv-hint" }, text.hint));
+      else said.appendChild(el("span", { class: "pa-hv-said" }, sentence(picked, shown)));
     }
 
     function show(i) { shown = i; draw(); }

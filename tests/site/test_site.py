@@ -168,6 +168,8 @@ def test_page_loads_offline_in_both_schemes(
         readable(page)
         if scheme == "light":  # the layout is the scheme's; checked once, not twice
             assert_code_titles_and_copy_buttons(page)
+            if page_path.strip("/").split("/")[-1] in TEACHING:
+                assert_exercises_fold(page)
         _screenshot(page, screenshots, f"{_shot_name(page_path)}-{scheme}.png")
     finally:
         page.close()
@@ -195,6 +197,28 @@ def test_page_fits_a_phone(
         _screenshot(page, screenshots, f"390/{_shot_name(page_path)}-{scheme}.png")
     finally:
         page.close()
+
+
+# Pages that end with exercises (docs/_gen/sitegen/exercises.py), in both languages.
+TEACHING = {"chapter", "beyond", "learned", "serving", "parallel"}
+
+_EXERCISES = """() => [...document.querySelectorAll('article details.question')].map(d => {
+  const summary = d.querySelector('summary');
+  const body = [...d.children].filter(c => c !== summary);
+  return {open: d.open, answer: body.map(c => c.textContent).join(' ').trim(),
+          shown: body.some(c => c.checkVisibility())};
+})"""
+
+
+def assert_exercises_fold(page: Any) -> None:
+    """Two or three exercises, each answer present but folded away until its summary is clicked."""
+    folded = page.evaluate(_EXERCISES)
+    assert 2 <= len(folded) <= 3, folded
+    for answer in folded:
+        assert not answer["open"] and not answer["shown"] and answer["answer"], answer
+    page.locator("article details.question summary").first.click()
+    opened = page.evaluate(_EXERCISES)[0]
+    assert opened["open"] and opened["shown"], opened
 
 
 def assert_code_titles_and_copy_buttons(page: Any) -> None:

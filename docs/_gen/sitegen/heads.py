@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from . import learned
+from . import attnmap, i18n, learned
+from .figures import viridis
 from .plotting import FG, MUTED, SERIES, figure, width
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -45,6 +46,13 @@ _TEXT: dict[str, dict[str, str]] = {
         "keys": "key",
         "hint": "Hover over a query token on the left (or tap it) to see where it looks.",
         "attends": "{q} (position {i}) attends to {parts}",
+        "per_head": "head {name}: {parts}",
+        "heads_label": "Heads drawn together",
+        "none": "Tick a head to draw its lines.",
+        "grid": "Every layer and head on this sequence. Choose one to draw its lines alone.",
+        "thumb": "layer {layer}, head {head}",
+        "axes": "query ↓ key →",
+        "masked": "masked",
         "noscript": "JavaScript is off: the measurements in the table above describe each head.",
     },
     "ja": {
@@ -72,6 +80,13 @@ _TEXT: dict[str, dict[str, str]] = {
         "keys": "キー",
         "hint": "左の見る側(クエリ)のトークンにカーソルを置くか、タップすると、注目先が見える。",
         "attends": "{q}(位置 {i})の注目先: {parts}",
+        "per_head": "ヘッド {name}: {parts}",
+        "heads_label": "重ねて描くヘッド",
+        "none": "ヘッドにチェックを入れると、その線が描かれる。",
+        "grid": "この系列での全層・全ヘッド。1つ選ぶと、その線だけが描かれる。",
+        "thumb": "層 {layer}、ヘッド {head}",
+        "axes": "見る側(クエリ)↓ 見られる側(キー)→",
+        "masked": "マスク",
         "noscript": "JavaScript が無効なので、各ヘッドの働きは上の表の数値で読める。",
     },
 }
@@ -219,16 +234,101 @@ def view_data(task: str) -> dict[str, Any]:
     }
 
 
+def _thumbnail(task: str, layer: int, head: int, *, lang: str) -> str:
+    """One head's weights on the view's sequence as a small heatmap: a button, drawn here.
+
+    The site's one way to draw attention (:mod:`.attnmap`): rows are queries,
+    columns keys, viridis from 0 to 1, and the cells a causal mask hides
+    hatched (the hatch group's id carries :data:`.attnmap.MASKED_GID`, which
+    the browser tests look for). One path per colour keeps the SVG small.
+    """
+    data = view_data(task)
+    w = data["weights"][layer][head]
+    n = len(w)
+    stops = viridis(64)
+    cells: dict[str, list[str]] = {}
+    masked = []
+    for q in range(n):
+        for k in range(n):
+            if data["causal"] and k > q:
+                masked.append(f"M{k} {q}h1v1h-1z")
+                continue
+            fill = stops[round(w[q][k] * (len(stops) - 1))]
+            cells.setdefault(fill, []).append(f"M{k} {q}h1v1h-1z")
+    tag = f"{task}-{layer + 1}-{head + 1}"
+    paths = "".join(f'<path fill="{c}" d="{"".join(d)}"/>' for c, d in sorted(cells.items()))
+    hatch = ""
+    if masked:
+        hatch = (
+            f'<defs><pattern id="pa-hv-hatch-{tag}" patternUnits="userSpaceOnUse" width="0.5" '
+            'height="0.5" patternTransform="rotate(45)">'
+            '<rect class="pa-mask-bg" width="0.5" height="0.5"/>'
+            '<rect class="pa-mask-line" width="0.18" height="0.5"/></pattern></defs>'
+            f'<g id="{attnmap.MASKED_GID}-hv-{tag}">'
+            f'<path fill="url(#pa-hv-hatch-{tag})" d="{"".join(masked)}"/></g>'
+        )
+    words = _TEXT[lang]
+    label = words["thumb"].format(layer=layer + 1, head=head + 1)
+    return (
+        f'<button type="button" class="pa-hv-thumb" data-layer="{layer}" data-head="{head}" '
+        f'aria-label="{html.escape(label)}">'
+        f'<svg viewBox="0 0 {n} {n}" aria-hidden="true" shape-rendering="crispEdges">'
+        f"{hatch}<g>{paths}</g></svg>"
+        f'<span class="pa-hv-thumb-name">{head_name(layer, head)}</span></button>'
+    )
+
+
+def thumbnail_grid(task: str, *, lang: str = "en") -> str:
+    """Every layer and head as a thumbnail, BertViz's model view; a click selects the head.
+
+    Rows are layers and columns heads, each column headed by its head's line
+    colour; under the grid, the axes and the colour scale of every heatmap on
+    the site. Drawn at build time, so it shows without JavaScript too.
+    """
+    words = _TEXT[lang]
+    data = view_data(task)
+    layers, heads_ = len(data["weights"]), len(data["weights"][0])
+    cells = ['<span class="pa-hv-grid-corner"></span>']
+    for h in range(heads_):
+        swatch = f'<span class="pa-hv-swatch" style="background:{SERIES[h]}"></span>'
+        cells.append(f'<span class="pa-hv-grid-head">{swatch}{words["head_word"]} {h + 1}</span>')
+    for li in range(layers):
+        cells.append(f'<span class="pa-hv-grid-layer">{words["layer"]} {li + 1}</span>')
+        cells.extend(_thumbnail(task, li, h, lang=lang) for h in range(heads_))
+    stops = viridis(9)
+    mask = ""
+    if data["causal"]:
+        mask = f'<span class="pa-hm-scale-mask"></span><span>{words["masked"]}</span>'
+    scale = (
+        f'<p class="pa-hv-axes">{words["axes"]}</p><div class="pa-hm-scale">'
+        f'<span class="pa-hv-scale-title">{i18n.t("scale_title", lang)}</span><span>0%</span>'
+        '<span class="pa-hm-scale-bar" style="background-image:linear-gradient(to right, '
+        f'{", ".join(stops)})"></span><span>100%</span>{mask}</div>'
+    )
+    return (
+        f'<div class="pa-hv-model" role="group" aria-label="{html.escape(words["grid"])}">'
+        f'<p class="pa-hv-grid-title">{words["grid"]}</p>'
+        f'<div class="pa-hv-grid" style="grid-template-columns:auto repeat({heads_}, '
+        f'minmax(0, 7.5rem))">{"".join(cells)}</div>{scale}</div>'
+    )
+
+
 def head_view(task: str, *, lang: str = "en", caption: str) -> str:
-    """The interactive head view (docs/assets/headview.js draws it), data as JSON beside it."""
+    """The interactive head view (docs/assets/headview.js draws it), data as JSON beside it.
+
+    The thumbnail grid of every layer and head is drawn here; the script moves
+    it beside the lines and makes each thumbnail select its head.
+    """
     w = _TEXT[lang]
     data = dict(view_data(task))
-    data["text"] = {k: w[k] for k in ("layer", "head_word", "queries", "keys", "hint", "attends")}
+    keys = ("layer", "head_word", "queries", "keys", "hint", "attends", "per_head")
+    data["text"] = {k: w[k] for k in (*keys, "heads_label", "none")}
     payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
     return (
         f'<figure class="pa-headview" data-pa-headview="{task}">'
         f'<script type="application/json" class="pa-headview-data">{payload}</script>'
         '<div class="pa-hv-live"></div>'
+        f"{thumbnail_grid(task, lang=lang)}"
         f"<noscript><p>{w['noscript']}</p></noscript>"
         f"<figcaption>{caption}</figcaption></figure>"
     )

@@ -18,6 +18,8 @@ import numpy as np
 import portattn as pa
 from portattn import chapter
 
+from . import exercises
+
 TOKENS = ("The", "cat", "sat")
 D_MODEL, D = 4, 2
 
@@ -147,9 +149,4 @@ def exercises_markdown(query: int = 2, *, lang: str = "en") -> str:
         "w_d": float(np.max(pa.softmax(dots / D, axis=-1))),
         "uniform": 1 / len(TOKENS),
     }
-    title = {"en": ("Exercise", "Answer"), "ja": ("練習", "答え")}[lang]
-    out = []
-    for i, (question, answer) in enumerate(_EXERCISES[lang], start=1):
-        out.append(f"**{title[0]} {i}.** {question.format(**values)}\n")
-        out.append(f'??? note "{title[1]}"\n    {answer.format(**values)}\n')
-    return "\n".join(out)
+    return exercises.render(_EXERCISES[lang], values, lang=lang)

@@ -193,9 +193,15 @@ class PagedKVCache:
                     f"({len(starts) - 1}), got {ids!r}"
                 )
                 raise ValueError(msg)
-            plans = [
-                self._plan(s, b - a) for s, a, b in zip(ids, starts[:-1], starts[1:], strict=True)
-            ]
+            # Planned in order, each copy counted as done: when a fork and its parent
+            # both write to their shared last page, the first copies it and the
+            # second keeps it (it is then its only holder), no page is orphaned.
+            refs = list(self._refs)
+            plans = []
+            for s, a, b in zip(ids, starts[:-1], starts[1:], strict=True):
+                plans.append(self._plan(s, b - a, refs))
+                if plans[-1][1] is not None:
+                    refs[plans[-1][1]] -= 1
             need = sum(fresh for fresh, _ in plans)
             if need > len(self._free):
                 msg = (
@@ -233,12 +239,12 @@ class PagedKVCache:
             msg = f"expected k and v with the same T, got {k.shape[0]} and {v.shape[0]}"
             raise ValueError(msg)
 
-    def _plan(self, seq_id: Hashable, n: int) -> tuple[int, int | None]:
+    def _plan(self, seq_id: Hashable, n: int, refs: list[int]) -> tuple[int, int | None]:
         """How many new pages ``n`` tokens need, and a shared last page to copy first."""
         table, length = self._table(seq_id), self._lengths[seq_id]
         used = -(-length // self.page_size)
         pages = -(-(length + n) // self.page_size)
-        shared_tail = n > 0 and length % self.page_size != 0 and self._refs[table[-1]] > 1
+        shared_tail = n > 0 and length % self.page_size != 0 and refs[table[-1]] > 1
         copy_from = table[-1] if shared_tail else None
         return pages - used + (copy_from is not None), copy_from
 
