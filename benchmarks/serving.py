@@ -16,8 +16,10 @@ max/min of the per-round ratios, the noise):
   ``pa.attention`` on each sequence;
 - ``paged``: decode of 16 sequences of 2048 keys each (pages of 16, shuffled),
   H = 8, Hkv = 2, d = 64: ``pa.paged_attention`` (per sequence, the
-  batch-invariant default, and ``batch_invariant=False``: one masked call)
-  against SDPA on contiguous (16, H, 2048, d) K/V (``enable_gqa``);
+  batch-invariant default, and ``batch_invariant=False``: one masked call;
+  ``impl="blockwise"`` and ``impl="invariant"``, whose ratio is what
+  invariance to decode and padding costs) against SDPA on contiguous
+  (16, H, 2048, d) K/V (``enable_gqa``);
 - ``continuous``: tokens/s of ``model.generate_batch`` on the tiny Llama
   (16 prompts of 1 to 30 tokens, 32 new tokens each, greedy), portattn
   (``serve``: batch-invariant; ``portattn_fused``: ``serve(...,
@@ -31,6 +33,7 @@ The varlen case's packed batch (8192² pairs) is above the fused call's bound
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import statistics
@@ -130,6 +133,20 @@ def paged(rounds: int) -> dict[str, Any]:
             cu_seqlens_q=cu_q,
             batch_invariant=False,
         ),
+        # What impl="invariant" costs: the same step on the blockwise path and on it.
+        **{
+            f"portattn_paged_{impl}": functools.partial(
+                pa.paged_attention,
+                qp,
+                k_pages,
+                v_pages,
+                block_table=table,
+                seq_lens=seq_lens,
+                cu_seqlens_q=cu_q,
+                impl=impl,
+            )
+            for impl in ("blockwise", "invariant")
+        },
     }
     with torch.no_grad():
         return _paired(subjects, "sdpa_contiguous", rounds)

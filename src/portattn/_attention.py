@@ -27,12 +27,13 @@ from ._lib._precision import narrow, torch_autocast_off
 from ._lib._typing import Array, Namespace
 from ._lib._vocabulary import sdpa_names
 from ._paths._auto import auto_impl
+from ._paths._invariant import invariant_attention
 from ._paths._materialize import materialize_attention, materialize_weights
 from ._paths._native import native_attention
 
 __all__ = ["IMPLS", "Impl", "attend", "attention", "attention_weights", "solve", "solve_weights"]
 
-Impl = Literal["auto", "materialize", "blockwise", "native"]
+Impl = Literal["auto", "materialize", "blockwise", "native", "invariant"]
 #: The values ``impl=`` takes, in the order errors list them.
 IMPLS: tuple[str, ...] = get_args(Impl)
 _ARRAY_NAMES = ("query", "key", "value", "mask", "bias", "key_lengths", "query_lengths", "sinks")
@@ -180,7 +181,7 @@ def attention(
     softcap : float, optional
         Logit soft-capping (Gemma 2, flash-attn): the scaled scores become
         ``tanh(s / softcap) * softcap`` before ``bias`` and masks apply.
-    impl : {"auto", "materialize", "blockwise", "native"}, optional
+    impl : {"auto", "materialize", "blockwise", "native", "invariant"}, optional
         ``"materialize"`` forms the (..., Lq, Lk) score matrix;
         ``"blockwise"`` streams over key blocks with an online softmax in
         O(Lq + Lk) extra memory and skips blocks that ``causal``/``window``
@@ -202,6 +203,9 @@ def attention(
         keys of any length. JAX is left on the generic paths: the default
         ``jax.nn.dot_product_attention`` is XLA's composition of the same
         operations, not a fused kernel, and is slower eagerly.
+        ``"invariant"`` is never chosen by ``"auto"``: it gives each row
+        the same bits whatever shares the call (a padded batch, a decode
+        step, a chunk of a prefill), at a cost (docs/serving.md).
         Every option is validated whichever path runs.
     block_size : int or (int, int), optional
         ``(query_block, key_block)`` for the blockwise path.
@@ -467,6 +471,8 @@ def _solve(
         out, lse = dask_attention(p, impl=impl, block_size=sizes, return_lse=want_lse)
     elif impl == "native":
         out, lse = native_attention(p, return_lse=want_lse, xp=xp)
+    elif impl == "invariant":
+        out, lse = invariant_attention(p, xp=xp)
     elif impl == "blockwise":
         # Plain blockwise where no gradient can be asked for; otherwise the
         # library's autodiff gets the O(N) backward (_grad/_autodiff, _grad/_backward).

@@ -208,19 +208,20 @@ def page_table_figure(cache: pa.PagedKVCache, seq_ids: list[str], *, lang: str =
 
 _INV = {
     "head": {
-        "en": "| library | packed: rows equal alone | paged: rows equal alone | padded "
+        "en": "| library | `impl` | packed: rows equal alone | paged: rows equal alone | padded "
         "(`key_lengths`): largest difference | decode vs full prefill: largest difference |",
-        "ja": "| ライブラリ | 詰めたバッチ:単独と一致 | ページ化:単独と一致 | パディング"
+        "ja": "| ライブラリ | `impl` | 詰めたバッチ:単独と一致 | ページ化:単独と一致 | パディング"
         "(`key_lengths`):最大の差 | decode と全体の prefill:最大の差 |",
     },
     "yes": {"en": "bit for bit", "ja": "ビット単位で一致"},
     "no": {"en": "no", "ja": "不一致"},
 }
 _LIBS = ("numpy", "torch", "jax", "array_api_strict")
+_IMPLS = ("auto", "invariant")  # the default, and the path whose every row is invariant
 
 
-def _one_library(name: str) -> tuple[bool, bool, float, float] | None:
-    """The four comparisons on one library (float64, H=4, d=16), or None if it is missing."""
+def _one_library(name: str, impl: str) -> tuple[bool, bool, float, float] | None:
+    """The four comparisons on one library and ``impl`` (float64, H=4, d=16); None if missing."""
     try:
         lib = pa.testing.load_backend(name)
     except ImportError:
@@ -237,25 +238,31 @@ def _one_library(name: str) -> tuple[bool, bool, float, float] | None:
     def rows(out: Any) -> np.ndarray:
         return np.transpose(to_numpy(out)[0], (1, 0, 2))
 
-    ref = rows(pa.attention(heads(q), heads(k), heads(v), causal=True))
-    last = rows(pa.attention(heads(q[-1:]), heads(k), heads(v), causal="bottom_right"))
+    ref = rows(pa.attention(heads(q), heads(k), heads(v), causal=True, impl=impl))
+    last = rows(pa.attention(heads(q[-1:]), heads(k), heads(v), causal="bottom_right", impl=impl))
     cu = [0, m, m + n]
     packed = [to(np.concatenate(xs)) for xs in ((oq, q), (ok, k), (ov, v))]
-    got = pa.attention_varlen(*packed, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+    got = pa.attention_varlen(*packed, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, impl=impl)
     packed_ok = bool(np.array_equal(to_numpy(got)[m:], ref))
-    paged_ok = _paged_equal(lib.xp, to, (q, k, v), (oq, ok, ov), last)
+    paged_ok = _paged_equal(lib.xp, to, (q, k, v), (oq, ok, ov), last, impl=impl)
     lens = to(np.asarray([[n], [m]], dtype=np.int32))  # (B, 1): shared by the heads
     batch = [
         to(np.stack([np.pad(x, ((0, m - n), (0, 0), (0, 0))), y]).transpose(0, 2, 1, 3))
         for x, y in ((q, oq), (k, ok), (v, ov))
     ]
-    padded = pa.attention(*batch, causal=True, key_lengths=lens, query_lengths=lens)
+    padded = pa.attention(
+        *batch,
+        causal=True,
+        key_lengths=lens,
+        query_lengths=lens,
+        impl=impl,
+    )
     pad_diff = float(np.abs(rows(padded)[:n] - ref).max())
     return packed_ok, paged_ok, pad_diff, float(np.abs(last[0] - ref[-1]).max())
 
 
 def _paged_equal(
-    xp: Any, to: Any, mine: tuple[Any, ...], other: tuple[Any, ...], last: Any
+    xp: Any, to: Any, mine: tuple[Any, ...], other: tuple[Any, ...], last: Any, *, impl: str
 ) -> bool:
     """The watched sequence's last token, decoded from a cache it shares, against it alone."""
     q, k, v = mine
@@ -274,23 +281,30 @@ def _paged_equal(
     out = pa.paged_attention(
         to(np.concatenate([oq[-1:], q[-1:]])), cache.k_pages, cache.v_pages,
         block_table=cache.block_table(ids), seq_lens=cache.seq_lens(ids), cu_seqlens_q=[0, 1, 2],
+        impl=impl,
     )  # fmt: skip
     return bool(np.array_equal(to_numpy(out)[1:], last))
 
 
 @cache
-def invariance() -> dict[str, tuple[bool, bool, float, float]]:
-    """Each installed library's comparisons."""
-    return {name: row for name in _LIBS if (row := _one_library(name)) is not None}
+def invariance() -> dict[tuple[str, str], tuple[bool, bool, float, float]]:
+    """Each installed library's comparisons, by (library, impl)."""
+    return {
+        (name, impl): row
+        for name in _LIBS
+        for impl in _IMPLS
+        if (row := _one_library(name, impl)) is not None
+    }
 
 
 def invariance_markdown(*, lang: str = "en") -> str:
     """The batch-invariance table, computed on each library installed."""
-    lines = [_INV["head"][lang], "|---|---|---|---|---|"]
-    for name, (packed, paged, pad, dec) in invariance().items():
-        yes, no = _INV["yes"][lang], _INV["no"][lang]
+    lines = [_INV["head"][lang], "|---|---|---|---|---|---|"]
+    yes, no = _INV["yes"][lang], _INV["no"][lang]
+    for (name, impl), (packed, paged, pad, dec) in invariance().items():
+        diffs = " | ".join(yes if x == 0 else f"{x:.1e}" for x in (pad, dec))
         lines.append(
-            f"| {name} | {yes if packed else no} | {yes if paged else no} | {pad:.1e} | {dec:.1e} |"
+            f'| {name} | `"{impl}"` | {yes if packed else no} | {yes if paged else no} | {diffs} |'
         )
     return "\n".join(lines)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._lib._compat import matrix_transpose
@@ -242,15 +243,26 @@ class Problem:
         return None if bias is None else _tile(bias, q0, q1, k0, k1)
 
     def scores(
-        self, q_block: Array, k_t: Array, q0: int, q1: int, k0: int, k1: int, *, xp: Namespace
+        self,
+        q_block: Array,
+        k_t: Array,
+        q0: int,
+        q1: int,
+        k0: int,
+        k1: int,
+        *,
+        xp: Namespace,
+        product: Callable[..., Array] = grouped_matmul,
     ) -> Array:
         """Scores of the tile ``[q0, q1) x [k0, k1)``: scaled, capped, biased, then ``score_mod``.
 
         ``q_block`` is ``q[..., q0:q1, :]`` and ``k_t`` the transposed keys
         ``k[..., k0:k1, :]ᵀ``; both are passed in so that callers slice once
         per block rather than once per tile. Hidden pairs are not masked here.
+        ``product(q_block, k_t, groups, xp=xp)`` forms the products (the
+        invariant path's sums them in a fixed order).
         """
-        s = grouped_matmul(q_block, k_t, self.groups, xp=xp)  # (..., q1-q0, k1-k0), scaled
+        s = product(q_block, k_t, self.groups, xp=xp)  # (..., q1-q0, k1-k0), scaled
         cap = self.variant.softcap
         if cap is not None:
             s = xp.tanh(s / cap) * cap  # Gemma 2's logit soft-capping

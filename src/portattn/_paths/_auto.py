@@ -39,7 +39,8 @@ TORCH_MATERIALIZE_GQA_DECODE = 2**24
 def auto_impl(p: Problem, *, lib: str, want_lse: bool, xp: Namespace) -> str:
     """The path ``impl="auto"`` takes for ``p`` (the rule is spelled out in :func:`attention`).
 
-    ``lib`` is ``xp``'s library name, which callers already hold.
+    ``lib`` is ``xp``'s library name, which callers already hold. Never
+    ``"invariant"`` (``_invariant``): its bits cost speed, so only a caller asks for it.
     """
     s = p.structure
     if (

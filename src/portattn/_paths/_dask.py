@@ -428,9 +428,9 @@ def dask_attention(
     ``p`` holds dask arrays; nothing is computed here. Output chunks follow
     the query's chunks along the batch axes and ``Lq``.
     """
-    if impl == "native":
+    if impl in ("native", "invariant"):  # invariant: chunks merged by lse are not
         msg = (
-            "impl='native' has no fused kernel for the chunks of dask arrays; "
+            f"impl={impl!r} does not run on the chunks of dask arrays; "
             "use impl='auto', 'blockwise' or 'materialize'"
         )
         raise NotImplementedError(msg)
