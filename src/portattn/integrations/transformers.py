@@ -188,7 +188,7 @@ def attention_forward(
     dropout : float, optional
         Must be 0 while ``module.training``: portattn has no random stream
         that all array libraries share, so it refuses rather than skip it.
-    impl : {"auto", "materialize", "blockwise", "native"}, optional
+    impl : {"auto", "materialize", "blockwise", "native", "invariant"}, optional
         Passed to :func:`portattn.attention`; :func:`register` binds it.
     **kwargs
         ``is_causal`` (overrides ``module.is_causal``), ``sliding_window``
@@ -551,7 +551,7 @@ def register(name: str = "portattn", *, impl: Impl = "auto") -> str:
         already gives another implementation (``"sdpa"``, ``"eager"``, ...)
         are refused, and so are names containing ``"flash"``, which
         ``transformers`` would not load (it looks for a flash-attn kernel).
-    impl : {"auto", "materialize", "blockwise", "native"}, optional
+    impl : {"auto", "materialize", "blockwise", "native", "invariant"}, optional
         The :func:`portattn.attention` path.
 
     Returns
