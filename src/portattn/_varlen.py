@@ -280,6 +280,7 @@ def run_sequences(
     """
     want_lse = check_flag("return_lse", return_lse)
     spans = list(itertools.pairwise(starts_q))
+    qh = _heads_first(q, xp=xp)  # (1, H, Tq, d): one view, cut per sequence
     outs, lses = [], []
     score_mod = variant.score_mod
     for i, ((a, b), (ki, vi)) in enumerate(zip(spans, kvs, strict=True)):
@@ -288,7 +289,7 @@ def run_sequences(
             variant = dataclasses.replace(variant, score_mod=mod)
         try:
             got = attend(
-                _heads_first(q[a:b, ...], xp=xp),  # (1, H, Lq_i, d)
+                qh[:, :, a:b, :],  # (1, H, Lq_i, d)
                 _heads_first(ki, xp=xp),
                 _heads_first(vi, xp=xp),
                 variant=variant,
@@ -300,10 +301,11 @@ def run_sequences(
             msg = f"sequence {i} (Lq={b - a}, Lk={ki.shape[0]}): {e}"
             raise ValueError(msg) from e
         out: Array = got[0] if want_lse else got
-        outs.append(xp.permute_dims(out[0, ...], (1, 0, 2)))  # (Lq_i, H, dv)
+        outs.append(out)  # (1, H, Lq_i, dv)
         if want_lse:
             lses.append(got[1][0, ...])  # (H, Lq_i)
-    out = outs[0] if len(outs) == 1 else xp.concat(outs, axis=0)
+    out = outs[0] if len(outs) == 1 else xp.concat(outs, axis=2)
+    out = xp.permute_dims(out[0, ...], (1, 0, 2))  # (Tq, H, dv)
     if not want_lse:
         return out
     return out, (lses[0] if len(lses) == 1 else xp.concat(lses, axis=-1))
