@@ -280,6 +280,7 @@ def run_sequences(
     """
     want_lse = check_flag("return_lse", return_lse)
     spans = list(itertools.pairwise(starts_q))
+    qh = _heads_first(q, xp=xp)  # (1, H, Tq, d): one view, cut per sequence
     outs, lses = [], []
     score_mod = variant.score_mod
     for i, ((a, b), (ki, vi)) in enumerate(zip(spans, kvs, strict=True)):
@@ -288,7 +289,7 @@ def run_sequences(
             variant = dataclasses.replace(variant, score_mod=mod)
         try:
             got = attend(
-                _heads_first(q[a:b, ...], xp=xp),  # (1, H, Lq_i, d)
+                qh[:, :, a:b, :],  # (1, H, Lq_i, d)
                 _heads_first(ki, xp=xp),
                 _heads_first(vi, xp=xp),
                 variant=variant,
@@ -300,10 +301,11 @@ def run_sequences(
             msg = f"sequence {i} (Lq={b - a}, Lk={ki.shape[0]}): {e}"
             raise ValueError(msg) from e
         out: Array = got[0] if want_lse else got
-        outs.append(xp.permute_dims(out[0, ...], (1, 0, 2)))  # (Lq_i, H, dv)
+        outs.append(out)  # (1, H, Lq_i, dv)
         if want_lse:
             lses.append(got[1][0, ...])  # (H, Lq_i)
-    out = outs[0] if len(outs) == 1 else xp.concat(outs, axis=0)
+    out = outs[0] if len(outs) == 1 else xp.concat(outs, axis=2)
+    out = xp.permute_dims(out[0, ...], (1, 0, 2))  # (Tq, H, dv)
     if not want_lse:
         return out
     return out, (lses[0] if len(lses) == 1 else xp.concat(lses, axis=-1))
@@ -741,6 +743,37 @@ def run_decode(
 # The fused call's dense mask: at most this many (query, key) pairs (4 MiB of booleans).
 _FUSED_MAX = 1 << 22
 
+# The last fused masks, on their device: a model's layers repeat one step's
+# offsets (one mask per layer type), so a step builds each once.
+_MASKS: dict[tuple[object, ...], Array] = {}
+_MASKS_MAX = 4
+
+
+def _fused_mask(
+    starts_q: list[int],
+    spans_k: list[tuple[int, int]],
+    tk: int,
+    variant: Variant,
+    *,
+    like: Array,
+    xp: Namespace,
+) -> Array:
+    """:func:`_block_diagonal` on ``like``'s device, memoised on the offsets and the pattern.
+
+    Not memoised in a trace (``jax.jit``, ``torch.compile``): its arrays must not outlive it.
+    """
+    device = device_of(like)
+    key = (tuple(starts_q), tuple(spans_k), tk, variant.causal, variant.window, xp, device)
+    mask = _MASKS.get(key)
+    if mask is None:
+        mask = xp.asarray(_block_diagonal(starts_q, spans_k, tk, variant), device=device)
+        if not is_concrete(like):
+            return mask
+        if len(_MASKS) >= _MASKS_MAX:
+            _MASKS.clear()
+        _MASKS[key] = mask
+    return mask
+
 
 def _fuses(batch_invariant: object, variant: Variant, tq: int, tk: int, count: int) -> bool:
     """Whether the sequences run as one masked call (``batch_invariant=False``, small, no mod)."""
@@ -769,10 +802,8 @@ def run_fused(
     causal alignment and window per sequence), so it sees what it sees alone.
     """
     want_lse = check_flag("return_lse", return_lse)
-    allowed = _block_diagonal(starts_q, spans_k, k.shape[0], variant)
-    fused = build_variant(
-        mask=xp.asarray(allowed, device=device_of(q)), softcap=variant.softcap, sinks=variant.sinks
-    )
+    mask = _fused_mask(starts_q, spans_k, k.shape[0], variant, like=q, xp=xp)
+    fused = build_variant(mask=mask, softcap=variant.softcap, sinks=variant.sinks)
     got = attend(
         _heads_first(q, xp=xp), _heads_first(k, xp=xp), _heads_first(v, xp=xp),
         variant=fused, return_lse=want_lse, xp=xp, **options,

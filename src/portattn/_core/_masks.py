@@ -116,6 +116,9 @@ class Structure:
                 raise ValueError(msg)
             align = "top_left"
         offset = _offset(lq, lk, align) if align is not None else 0
+        # Causality that hides no pair (a decode query sees every key) is none:
+        # the fused kernels then take no mask, and no path builds one.
+        is_causal = is_causal and offset < lk - 1
         sizes = None if window is None else _clamp_window(window, lq, lk)  # 2**63 fits int64 now
         return cls(lq, lk, offset, is_causal, sizes)
 
