@@ -162,7 +162,13 @@ def test_invariant_decode_and_chunked_prefill_equal_the_full_prefill(
     q, k, v = _heads_first(backend, dtype, *_seq(rng, n, n))
     full = to_numpy(pa.attention(q, k, v, causal=True, impl="invariant"))
     for chunk in (1, 3, 7):
-        for start in range(0, n, chunk):
+        starts = range(0, n, chunk)
+        if backend.name.startswith("jax"):
+            # Eager JAX compiles every new shape: the first chunks, the ones on
+            # each side of the tile edge at key 64, and the last (13 calls, not 104).
+            edge = 64 // chunk * chunk
+            starts = sorted({0, chunk, edge - chunk, edge, starts[-1]})
+        for start in starts:
             stop = min(start + chunk, n)
             got = pa.attention(
                 q[..., start:stop, :],
