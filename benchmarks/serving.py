@@ -117,34 +117,24 @@ def paged(rounds: int) -> dict[str, Any]:
     qp = q[:, :, 0, :]  # (S, H, d): one query per sequence
     cu_q = list(range(s + 1))
 
+    paged = functools.partial(
+        pa.paged_attention,
+        qp,
+        k_pages,
+        v_pages,
+        block_table=table,
+        seq_lens=seq_lens,
+        cu_seqlens_q=cu_q,
+    )
     subjects = {
         "sdpa_contiguous": lambda: torch.nn.functional.scaled_dot_product_attention(
             q, k, v, enable_gqa=True
         ),
-        "portattn_paged": lambda: pa.paged_attention(
-            qp, k_pages, v_pages, block_table=table, seq_lens=seq_lens, cu_seqlens_q=cu_q
-        ),
-        "portattn_paged_fused": lambda: pa.paged_attention(
-            qp,
-            k_pages,
-            v_pages,
-            block_table=table,
-            seq_lens=seq_lens,
-            cu_seqlens_q=cu_q,
-            batch_invariant=False,
-        ),
+        "portattn_paged": paged,
+        "portattn_paged_fused": functools.partial(paged, batch_invariant=False),
         # What impl="invariant" costs: the same step on the blockwise path and on it.
         **{
-            f"portattn_paged_{impl}": functools.partial(
-                pa.paged_attention,
-                qp,
-                k_pages,
-                v_pages,
-                block_table=table,
-                seq_lens=seq_lens,
-                cu_seqlens_q=cu_q,
-                impl=impl,
-            )
+            f"portattn_paged_{impl}": functools.partial(paged, impl=impl)
             for impl in ("blockwise", "invariant")
         },
     }
