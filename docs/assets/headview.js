@@ -9,6 +9,10 @@
  * reads one query's row as a sentence when its token is hovered, tapped or
  * focused. The grid of every layer and head beside it (BertViz's model view)
  * is drawn at build time; a click on a thumbnail draws that head alone.
+ * When the reader types their own sequence, docs/assets/learnedlive.js runs
+ * the model in the page and calls the root's portattnHeadView.update with the
+ * new tokens and weights: the lines are built again and the thumbnails
+ * repainted.
  */
 (function () {
   "use strict";
@@ -61,6 +65,36 @@
     return { group: group, boxes: boxes };
   }
 
+  /* A thumbnail's heatmap drawn again, as docs/_gen/sitegen/heads.py draws it at
+     build time: one cell per (query, key), rows queries and columns keys, the
+     colormap's nearest stop, one path per colour, and the cells the causal
+     mask hides filled with the thumbnail's own hatch pattern, kept from the
+     build (its group's id is what the browser tests look for). */
+  function paintThumb(svg, w, causal, map) {
+    var n = w.length, cells = {}, masked = [];
+    var hatch = svg.querySelector("defs"), group = svg.querySelector("[id*=pa-attn-masked]");
+    var fillId = hatch && hatch.querySelector("pattern").id;
+    for (var q = 0; q < n; q++) {
+      for (var k = 0; k < n; k++) {
+        var d = "M" + k + " " + q + "h1v1h-1z";
+        if (causal && k > q) { masked.push(d); continue; }
+        var c = map[Math.round(w[q][k] * (map.length - 1))];
+        (cells[c] = cells[c] || []).push(d);
+      }
+    }
+    svg.textContent = "";
+    svg.setAttribute("viewBox", "0 0 " + n + " " + n);
+    if (hatch) {
+      svg.appendChild(hatch);
+      group.textContent = "";
+      group.appendChild(svgEl("path", { fill: "url(#" + fillId + ")", d: masked.join("") }));
+      svg.appendChild(group);
+    }
+    var g = svgEl("g");
+    Object.keys(cells).sort().forEach(function (c) { g.appendChild(svgEl("path", { fill: c, d: cells[c].join("") })); });
+    svg.appendChild(g);
+  }
+
   function init(root) {
     var data = JSON.parse(root.querySelector(".pa-headview-data").textContent);
     var text = data.text, tokens = data.tokens, n = tokens.length;
@@ -79,48 +113,59 @@
         .map(function (b) { return +b.getAttribute("data-index"); });
     }
 
-    var height = TOP + n * ROW + 4;
-    var svg = svgEl("svg", { class: "pa-hv-svg", viewBox: "0 0 " + WIDTH + " " + height,
-                             role: "group", "aria-label": text.queries + " → " + text.keys });
-    svg.appendChild(svgEl("text", { x: LEFT, y: 14, "text-anchor": "end", class: "pa-hv-axis" }, text.queries));
-    svg.appendChild(svgEl("text", { x: RIGHT, y: 14, class: "pa-hv-axis" }, text.keys));
+    var svg = null, line = [], queries = [], keys = [];
     var y = function (i) { return TOP + i * ROW + ROW / 2; };
-    /* line[h][q][k]: each head its own group of lines, in its own colour. */
-    var line = [];
-    for (var h = 0; h < nHeads; h++) {
-      var group = svgEl("g", { class: "pa-hv-lines", "data-h": String(h), stroke: data.colours[h] });
-      line.push([]);
-      for (var q = 0; q < n; q++) {
-        line[h].push([]);
-        for (var k = 0; k < n; k++) {
-          var l = svgEl("line", { x1: LEFT + 6, y1: y(q), x2: RIGHT - 6, y2: y(k),
-                                  "data-h": String(h), "data-q": String(q), "data-k": String(k) });
-          group.appendChild(l);
-          line[h][q].push(l);
+
+    /* The two columns of tokens and one line per (head, query, key), for the
+       current tokens; built again when the reader's sequence changes. */
+    function build() {
+      var height = TOP + n * ROW + 4;
+      var fresh = svgEl("svg", { class: "pa-hv-svg", viewBox: "0 0 " + WIDTH + " " + height,
+                                 role: "group", "aria-label": text.queries + " → " + text.keys });
+      fresh.appendChild(svgEl("text", { x: LEFT, y: 14, "text-anchor": "end", class: "pa-hv-axis" }, text.queries));
+      fresh.appendChild(svgEl("text", { x: RIGHT, y: 14, class: "pa-hv-axis" }, text.keys));
+      /* line[h][q][k]: each head its own group of lines, in its own colour. */
+      line = [];
+      for (var h = 0; h < nHeads; h++) {
+        var group = svgEl("g", { class: "pa-hv-lines", "data-h": String(h), stroke: data.colours[h] });
+        line.push([]);
+        for (var q = 0; q < n; q++) {
+          line[h].push([]);
+          for (var k = 0; k < n; k++) {
+            var l = svgEl("line", { x1: LEFT + 6, y1: y(q), x2: RIGHT - 6, y2: y(k),
+                                    "data-h": String(h), "data-q": String(q), "data-k": String(k) });
+            group.appendChild(l);
+            line[h][q].push(l);
+          }
         }
+        fresh.appendChild(group);
       }
-      svg.appendChild(group);
+      queries = [];
+      keys = [];
+      tokens.forEach(function (t, i) {
+        var g = svgEl("g", { class: "pa-hv-query", tabindex: "0", role: "button",
+                             "aria-pressed": "false", "data-q": String(i) });
+        g.appendChild(svgEl("rect", { x: 0, y: TOP + i * ROW + 1, width: LEFT + 4, height: ROW - 2, rx: 3 }));
+        g.appendChild(svgEl("text", { x: LEFT, y: y(i) + 4, "text-anchor": "end" }, t));
+        fresh.appendChild(g);
+        queries.push(g);
+        var kg = svgEl("g", { class: "pa-hv-key", "data-k": String(i) });
+        kg.appendChild(svgEl("rect", { x: RIGHT - 4, y: TOP + i * ROW + 1, width: 26, height: ROW - 2, rx: 3 }));
+        kg.appendChild(svgEl("text", { x: RIGHT, y: y(i) + 4 }, t));
+        fresh.appendChild(kg);
+        keys.push(kg);
+      });
+      if (svg) view.replaceChild(fresh, svg);
+      else view.insertBefore(fresh, said);
+      svg = fresh;
+      listen();
     }
-    var queries = [], keys = [];
-    tokens.forEach(function (t, i) {
-      var g = svgEl("g", { class: "pa-hv-query", tabindex: "0", role: "button",
-                           "aria-pressed": "false", "data-q": String(i) });
-      g.appendChild(svgEl("rect", { x: 0, y: TOP + i * ROW + 1, width: LEFT + 4, height: ROW - 2, rx: 3 }));
-      g.appendChild(svgEl("text", { x: LEFT, y: y(i) + 4, "text-anchor": "end" }, t));
-      svg.appendChild(g);
-      queries.push(g);
-      var kg = svgEl("g", { class: "pa-hv-key", "data-k": String(i) });
-      kg.appendChild(svgEl("rect", { x: RIGHT - 4, y: TOP + i * ROW + 1, width: 26, height: ROW - 2, rx: 3 }));
-      kg.appendChild(svgEl("text", { x: RIGHT, y: y(i) + 4 }, t));
-      svg.appendChild(kg);
-      keys.push(kg);
-    });
     var said = el("p", { class: "pa-hv-sentence", "aria-live": "polite" });
     /* The lines and their sentence on one side, the grid of every head on the
        other (below it on phones). */
     var view = el("div", { class: "pa-hv-view" });
-    view.appendChild(svg);
     view.appendChild(said);
+    build();
     var body = el("div", { class: "pa-hv-body" });
     body.appendChild(view);
     var model = root.querySelector(".pa-hv-model");
@@ -203,19 +248,38 @@
       show(i);
     }
 
-    queries.forEach(function (g, i) {
-      g.addEventListener("mouseenter", function () { show(i); });
-      g.addEventListener("click", function () { pin(i); });
-      g.addEventListener("focus", function () { pin(i); });
-      g.addEventListener("keydown", function (event) {
-        var next = null;
-        if (event.key === "ArrowDown") next = Math.min(n - 1, i + 1);
-        else if (event.key === "ArrowUp") next = Math.max(0, i - 1);
-        else if (event.key === "Enter" || event.key === " ") { event.preventDefault(); pin(i); }
-        if (next !== null) { event.preventDefault(); queries[next].focus(); }
+    function listen() {
+      queries.forEach(function (g, i) {
+        g.addEventListener("mouseenter", function () { show(i); });
+        g.addEventListener("click", function () { pin(i); });
+        g.addEventListener("focus", function () { pin(i); });
+        g.addEventListener("keydown", function (event) {
+          var next = null;
+          if (event.key === "ArrowDown") next = Math.min(n - 1, i + 1);
+          else if (event.key === "ArrowUp") next = Math.max(0, i - 1);
+          else if (event.key === "Enter" || event.key === " ") { event.preventDefault(); pin(i); }
+          if (next !== null) { event.preventDefault(); queries[next].focus(); }
+        });
       });
-    });
-    svg.addEventListener("mouseleave", function () { show(pinned); });
+      svg.addEventListener("mouseleave", function () { show(pinned); });
+    }
+
+    /* The reader's own sequence (docs/assets/learnedlive.js runs the model in
+       the page): new tokens and weights, the lines built again for them, the
+       thumbnails repainted, the same layer and heads kept, no query pinned. */
+    function update(newTokens, newWeights, colormap) {
+      tokens = data.tokens = newTokens;
+      data.weights = newWeights;
+      n = tokens.length;
+      pinned = shown = null;
+      build();
+      thumbs.forEach(function (b) {
+        var l = +b.getAttribute("data-layer"), h = +b.getAttribute("data-head");
+        paintThumb(b.querySelector("svg"), newWeights[l][h], data.causal, colormap);
+      });
+      draw();
+    }
+    root.portattnHeadView = { update: update };
 
     draw();
     root.classList.add("pa-headview-ready");
