@@ -140,7 +140,9 @@
     return { ids: chars.map(function (ch) { return m.letters.indexOf(ch); }) };
   }
 
-  /* Two rows, the input and the model's letter under each position; right ones marked. */
+  /* Two rows, the input and the model's letter under each position. Right ones
+     are marked; wrong ones are struck through for reversal only, since before
+     a repeat starts nothing tells induction what comes next. */
   function outputGrid(m, ids, predicted) {
     var n = ids.length;
     var grid = el("div", { class: "pa-ll-grid", style: "grid-template-columns:auto repeat(" + n + ", minmax(0, 1.6em))" });
@@ -151,8 +153,9 @@
     predicted.forEach(function (t, i) {
       var want = m.task === "reverse" ? ids[n - 1 - i] : ids[i + 1];
       var cls = "pa-ll-tok pa-ll-out";
-      if (want !== undefined) { cls += t === want ? " pa-ll-right" : " pa-ll-wrong"; right += t === want; }
-      else cls += " pa-ll-next";
+      if (want === undefined) cls += " pa-ll-next";
+      else if (t === want) { cls += " pa-ll-right"; right += 1; }
+      else if (m.task === "reverse") cls += " pa-ll-wrong";
       grid.appendChild(el("span", { class: cls }, m.letters[t]));
     });
     return { grid: grid, right: right };

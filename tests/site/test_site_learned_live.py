@@ -162,6 +162,12 @@ def test_typing_runs_the_model_and_redraws_the_head_view(live_page: tuple[Any, A
             right = sum(int(p) == ids[len(ids) - 1 - i] for i, p in enumerate(ref["predicted"]))
             expected = template.format(out=" ".join(want), right=right, n=len(ids))
         assert said == expected
+        # Right letters are marked; for reversal the wrong ones are struck through.
+        if task == "induction":
+            right = sum(int(p) == t for p, t in zip(ref["predicted"], ids[1:], strict=False))
+        assert box.locator(".pa-ll-right").count() == right
+        wrong = len(ids) - right if task == "reverse" else 0
+        assert box.locator(".pa-ll-wrong").count() == wrong
         _assert_head_view(page, task, typed, ref["weights"])
         # The rebuilt lines still answer the pointer: hovering a query reads its row.
         view = page.locator(f'[data-pa-headview="{task}"]')
