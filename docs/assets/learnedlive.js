@@ -135,7 +135,8 @@
   function parse(m, value) {
     var chars = Array.from(value.toUpperCase().replace(/[\s,]+/g, ""));
     var bad = chars.filter(function (ch, i) { return m.letters.indexOf(ch) < 0 && chars.indexOf(ch) === i; });
-    if (bad.length) return { error: fill(m.text.unknown, { bad: bad.map(function (b) { return "“" + b + "”"; }).join(", ") }) };
+    var quoted = bad.map(function (b) { return fill(m.text.bad, { c: b }); }).join(m.text.bad_sep);
+    if (bad.length) return { error: fill(m.text.unknown, { bad: quoted }) };
     if (chars.length < m.min || chars.length > m.max) return { error: fill(m.text.length, { n: chars.length }) };
     return { ids: chars.map(function (ch) { return m.letters.indexOf(ch); }) };
   }

@@ -45,6 +45,8 @@ _TEXT: dict[str, dict[str, str]] = {
         "unknown": (
             "Not in the model's vocabulary: {bad}. It knows the {vocab} letters {first} to {last}."
         ),
+        "bad": "“{c}”",
+        "bad_sep": ", ",
         "length_reverse": "The reversal model reads exactly {max} letters; this is {n}.",
         "length_induction": "The induction model reads {min} to {max} letters; this is {n}.",
         "input": "input",
@@ -72,6 +74,8 @@ _TEXT: dict[str, dict[str, str]] = {
             "モデルの語彙にない文字がある: {bad}。このモデルが知っているのは "
             "{first}〜{last} の {vocab} 文字だ。"
         ),
+        "bad": "「{c}」",
+        "bad_sep": "、",
         "length_reverse": "反転のモデルが読むのはちょうど {max} 文字だが、入力は {n} 文字だ。",
         "length_induction": "帰納のモデルが読むのは {min}〜{max} 文字だが、入力は {n} 文字だ。",
         "input": "入力",
@@ -170,6 +174,8 @@ def data(task: str, *, lang: str = "en") -> dict[str, Any]:
         # {bad} and {n} stay for the script to fill in.
         "unknown": words["unknown"].format(**fmt, bad="{bad}"),
         "length": words[f"length_{task}"].format(**fmt, n="{n}"),
+        "bad": words["bad"],  # each letter not in the vocabulary, quoted
+        "bad_sep": words["bad_sep"],
         "input": words["input"],
         "output": words[f"output_{task}"],
         "said": words[f"said_{task}"],
