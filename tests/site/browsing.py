@@ -228,48 +228,62 @@ def readable(page: Any) -> None:
     assert masked["bad"] == [], f"masked cells drawn like a 0 weight: {masked['bad']}"
 
 
-# Pages that a later test reads at the same width and scheme as the page-wide
-# checks of test_site.py: those checks open them first and leave them open, and
-# the later test reads the same page instead of loading it again. A test run
-# alone (``-k``) opens its page itself. (path, width, scheme)
+# Pages that a later test reads at the same width as the page-wide checks of
+# test_site.py: those checks open them first and leave them open, and the
+# later test reads the same page instead of loading it again. A test run alone
+# (``-k``) opens its page itself. (path, width)
 KEPT = {
-    ("chapter/", DESKTOP, "light"),
-    ("chapter/", DESKTOP, "dark"),
-    ("ja/chapter/", DESKTOP, "light"),
-    ("beyond/", DESKTOP, "light"),
-    ("programmable/", DESKTOP, "light"),
-    ("ja/programmable/", DESKTOP, "light"),
-    ("learned/", PHONE, "dark"),
-    ("learned/", DESKTOP, "light"),
-    ("ja/learned/", PHONE, "dark"),
+    ("chapter/", DESKTOP),
+    ("ja/chapter/", DESKTOP),
+    ("beyond/", DESKTOP),
+    ("programmable/", DESKTOP),
+    ("ja/programmable/", DESKTOP),
+    ("learned/", PHONE),
+    ("learned/", DESKTOP),
+    ("ja/learned/", PHONE),
 }
 
 
 class SharedPages:
-    """Each page opened once per layout, lent to every test that reads it at that layout.
+    """Each page loaded once per width, in the scheme each test asks for, lent to every test.
 
     ``open(path, width, scheme)`` returns the page and its :class:`Visit`,
-    opening it only if no test has left it open; ``done`` closes it unless it
-    is one of :data:`KEPT`. A test that clicks a kept page leaves it as it
-    was, or is the last to read it.
+    loading it only if no test has left it open, and switches its colour
+    scheme the way a reader's system setting does (Material follows
+    ``prefers-color-scheme`` while the page is open; the widgets draw with
+    the scheme's CSS variables, read nothing at load). ``done`` closes the
+    page once both schemes have been read, unless it is one of :data:`KEPT`.
+    A test that clicks a kept page leaves it as it was, or is the last to
+    read it.
     """
 
     def __init__(self, layouts: Any, base_url: str) -> None:
         self._layouts = layouts
         self._base_url = base_url
-        self._open: dict[tuple[str, int, str], tuple[Any, Visit]] = {}
+        self._open: dict[tuple[str, int], tuple[Any, Visit]] = {}
+        self._scheme: dict[tuple[str, int], str] = {}
+        self._read: dict[tuple[str, int], set[str]] = {}
 
     def open(self, path: str, width: int, scheme: str) -> tuple[Any, Visit]:
-        key = (path, width, scheme)
+        key = (path, width)
         if key not in self._open:
             url = f"{self._base_url}/{path}"
             self._open[key] = open_page(None, url, context=self._layouts(width, scheme))
-        return self._open[key]
+            self._scheme[key] = scheme
+        page, visit = self._open[key]
+        if self._scheme[key] != scheme:
+            page.emulate_media(color_scheme=scheme)
+            want = "slate" if scheme == "dark" else "default"
+            page.wait_for_function(f"document.body.dataset.mdColorScheme === '{want}'")
+            self._scheme[key] = scheme
+        self._read.setdefault(key, set()).add(scheme)
+        return page, visit
 
     def done(self, path: str, width: int, scheme: str) -> None:
-        key = (path, width, scheme)
-        if key not in KEPT and key in self._open:
-            self._open.pop(key)[0].close()
+        key = (path, width)
+        if key in KEPT or key not in self._open or self._read[key] != {"light", "dark"}:
+            return
+        self._open.pop(key)[0].close()
 
     def close(self) -> None:
         for page, _ in self._open.values():

@@ -121,8 +121,10 @@ def _shot_name(page_path: str) -> str:
 # -- every page -----------------------------------------------------------------
 
 
-# Each page is opened once per layout (1400 and 390 px, light and dark), in a
-# browser context shared across pages (conftest.py ``layouts``).
+# Each page is loaded once per width (1400 and 390 px), in a browser context
+# shared across pages (conftest.py ``layouts``), read in light, then switched
+# to dark and read again (browsing.SharedPages): every check runs in both
+# schemes, on half the loads.
 
 _CLIPPED_MATH = """() => [...document.querySelectorAll('.pa-math-block')]
     .filter(b => b.getBoundingClientRect().width > 0)
@@ -214,9 +216,12 @@ def assert_exercises_fold(page: Any) -> None:
     assert 2 <= len(folded) <= 3, folded
     for answer in folded:
         assert not answer["open"] and not answer["shown"] and answer["answer"], answer
-    page.locator("article details.question summary").first.click()
+    summary = page.locator("article details.question summary").first
+    summary.click()
     opened = page.evaluate(_EXERCISES)[0]
     assert opened["open"] and opened["shown"], opened
+    summary.click()  # folded again: the page is read next in the dark scheme
+    assert not page.evaluate(_EXERCISES)[0]["open"]
 
 
 def assert_code_titles_and_copy_buttons(page: Any) -> None:
