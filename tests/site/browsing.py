@@ -92,9 +92,11 @@ class Visit:
     requests: list[str] = field(default_factory=list)
 
     def assert_clean(self) -> None:
+        # Outside requests first: the one refused also logs a console error
+        # (net::ERR_NAME_NOT_RESOLVED), which names no address.
+        assert self.outside == [], f"requests left 127.0.0.1: {self.outside}"
         assert self.console_errors == [], self.console_errors
         assert self.page_errors == [], self.page_errors
-        assert self.outside == [], f"requests left 127.0.0.1: {self.outside}"
         assert self.requests, "the page made no request at all"
 
 
