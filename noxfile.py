@@ -414,8 +414,12 @@ def docs(session: nox.Session) -> None:
         session.run("mkdocs", "serve", "--dev-addr", "127.0.0.1:8000", *session.posargs[1:])
         return
     session.run("mkdocs", "build", "--strict")
-    # The browser test serves the site just built instead of building it again.
-    session.run("pytest", "tests/site", "-p", "no:cacheprovider", env={"PORTATTN_SITE_DIR": "site"})
+    # The browser test serves the site just built instead of building it again;
+    # the slowest tests are listed, so that a test that slows the session shows.
+    session.run(
+        "pytest", "tests/site", "-p", "no:cacheprovider", "--durations=15",
+        env={"PORTATTN_SITE_DIR": "site"},
+    )  # fmt: skip
 
 
 @_shared(default=False)

@@ -80,7 +80,11 @@ SMALLEST_TEXT = """() => {
 
 @dataclass
 class Visit:
-    """What a page did while it loaded: console errors, uncaught exceptions, requests."""
+    """What a page did while it loaded and since: console errors, uncaught exceptions, requests.
+
+    Lists fill as events arrive, so a request made after the page loaded (a
+    timer, a click) is caught by the next :meth:`assert_clean`.
+    """
 
     console_errors: list[str] = field(default_factory=list)
     page_errors: list[str] = field(default_factory=list)
@@ -88,56 +92,61 @@ class Visit:
     requests: list[str] = field(default_factory=list)
 
     def assert_clean(self) -> None:
+        # Outside requests first: the one refused also logs a console error
+        # (net::ERR_NAME_NOT_RESOLVED), which names no address.
+        assert self.outside == [], f"requests left 127.0.0.1: {self.outside}"
         assert self.console_errors == [], self.console_errors
         assert self.page_errors == [], self.page_errors
-        assert self.outside == [], f"requests left 127.0.0.1: {self.outside}"
         assert self.requests, "the page made no request at all"
 
 
 # Material fetches the whole search index (both editions, about 0.6 MB) on
 # every page and indexes it in a worker, Japanese segmenter included: seconds
-# of CPU per page that only the search test needs. Other pages get an index
-# with the site's own configuration and no documents; the search test
-# (test_site_languages.py) loads the real one.
+# of CPU per page that only the search test needs. The test server
+# (conftest.py) answers other pages with an index that has the site's own
+# configuration and no documents; a context opened with ``search=True``
+# carries the cookie that asks it for the real one.
 SEARCH_INDEX = "/search/search_index.json"
+SEARCH_COOKIE = "pa-search"
+
+# Chromium resolves no host name but 127.0.0.1's: a page that asks for
+# anything outside fails to load it, whatever the listeners below see. The
+# requests are watched, not routed: a routed context loses its HTTP cache, and
+# every page would fetch Material's stylesheets and scripts again.
+OFFLINE_ARGS = ["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
+
+
+def _outside(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme not in {"data", "blob", "about"} and parts.hostname != "127.0.0.1"
 
 
 def new_context(
-    browser: Any, *, javascript: bool = True, width: int = 1280, scheme: str = "light"
+    browser: Any,
+    *,
+    javascript: bool = True,
+    width: int = 1280,
+    scheme: str = "light",
+    search: bool = False,
 ) -> Any:
     """A browser context with one layout; pages opened in it share its HTTP cache.
 
-    Requests that leave 127.0.0.1 from outside a page's own routes (a worker's)
-    are refused here and listed in :data:`_OUTSIDE`, which :func:`open_page` reads.
+    Every request that leaves 127.0.0.1 from anything in the context (a page,
+    its workers) is listed in :data:`_OUTSIDE`, which :func:`open_page` reads.
     """
     context = browser.new_context(
         java_script_enabled=javascript,
         viewport={"width": width, "height": 900},
         color_scheme=scheme,
     )
+    if search:
+        context.add_cookies([{"name": SEARCH_COOKIE, "value": "1", "url": "http://127.0.0.1"}])
     seen = _OUTSIDE.setdefault(id(context), [])
-
-    def refuse(route: Any) -> None:
-        seen.append(route.request.url)
-        route.abort()
-
-    context.route(lambda url: urlsplit(url).hostname != "127.0.0.1", refuse)
+    context.on("request", lambda r: _outside(r.url) and seen.append(r.url))
     return context
 
 
 _OUTSIDE: dict[int, list[str]] = {}
-
-
-def _empty_index(route: Any) -> None:
-    import json
-
-    if route.request.url not in _EMPTY_INDEX:  # read the real one once per site
-        config = json.loads(route.fetch().text()).get("config", {})
-        _EMPTY_INDEX[route.request.url] = json.dumps({"config": config, "docs": []})
-    route.fulfill(status=200, content_type="application/json", body=_EMPTY_INDEX[route.request.url])
-
-
-_EMPTY_INDEX: dict[str, str] = {}
 
 
 def open_page(
@@ -150,41 +159,31 @@ def open_page(
     context: Any = None,
     search: bool = False,
 ) -> tuple[Any, Visit]:
-    """Open ``url`` and wait for it to settle; what it requested is in the returned Visit.
+    """Open ``url`` and wait for it to load; what it requests is in the returned Visit.
 
     Without ``context`` the page gets a context of its own (close it with
     ``page.context.close()``); with one (from :func:`new_context`, laid out
     already) the page is opened in it and the caller closes only the page.
-    ``search=True`` serves the real search index (see :data:`SEARCH_INDEX`).
+    ``search=True`` (own context only) serves the real search index (see
+    :data:`SEARCH_INDEX`).
     """
     if context is None:
-        context = new_context(browser, javascript=javascript, width=width, scheme=scheme)
+        context = new_context(
+            browser, javascript=javascript, width=width, scheme=scheme, search=search
+        )
     page = context.new_page()
     visit = Visit()
-    worker_outside = _OUTSIDE.setdefault(id(context), [])
-    before = len(worker_outside)
+    # The context's list, shared: requests from the page's workers land there.
+    visit.outside = _OUTSIDE.setdefault(id(context), [])
 
-    def on_request(route: Any) -> None:
-        target = route.request.url
-        visit.requests.append(target)
-        if urlsplit(target).hostname != "127.0.0.1":
-            visit.outside.append(target)
-            route.abort()
-        elif not search and urlsplit(target).path.endswith(SEARCH_INDEX):
-            _empty_index(route)
-        else:
-            route.continue_()
-
-    # On the page, not the context: a context may serve many pages in turn.
-    page.route("**/*", on_request)
+    page.on("request", lambda r: visit.requests.append(r.url))
     page.on("console", lambda m: m.type == "error" and visit.console_errors.append(m.text))
     page.on("pageerror", lambda e: visit.page_errors.append(str(e)))
-    # "load" first: on a busy machine the network can go idle while a long page
-    # is still being parsed, and the scripts have not run yet.
+    # "load": every stylesheet, script and image is in, and the scripts have
+    # run (the pages' widgets fetch nothing later; Material's search worker
+    # fetches its index, which the test server answers at once).
     page.goto(url, wait_until="load")
-    page.wait_for_load_state("networkidle")
     page.evaluate("document.fonts.ready.then(() => true)")
-    visit.outside += worker_outside[before:]
     return page, visit
 
 
@@ -229,3 +228,66 @@ def readable(page: Any) -> None:
         )
     masked = page.evaluate(MASKED_LIKE_ZERO)
     assert masked["bad"] == [], f"masked cells drawn like a 0 weight: {masked['bad']}"
+
+
+# Pages that a later test reads at the same width as the page-wide checks of
+# test_site.py: those checks open them first and leave them open, and the
+# later test reads the same page instead of loading it again. A test run alone
+# (``-k``) opens its page itself. (path, width)
+KEPT = {
+    ("chapter/", DESKTOP),
+    ("ja/chapter/", DESKTOP),
+    ("beyond/", DESKTOP),
+    ("programmable/", DESKTOP),
+    ("ja/programmable/", DESKTOP),
+    ("learned/", PHONE),
+    ("learned/", DESKTOP),
+    ("ja/learned/", PHONE),
+}
+
+
+class SharedPages:
+    """Each page loaded once per width, in the scheme each test asks for, lent to every test.
+
+    ``open(path, width, scheme)`` returns the page and its :class:`Visit`,
+    loading it only if no test has left it open, and switches its colour
+    scheme the way a reader's system setting does (Material follows
+    ``prefers-color-scheme`` while the page is open; the widgets draw with
+    the scheme's CSS variables, read nothing at load). ``done`` closes the
+    page once both schemes have been read, unless it is one of :data:`KEPT`.
+    A test that clicks a kept page leaves it as it was, or is the last to
+    read it.
+    """
+
+    def __init__(self, layouts: Any, base_url: str) -> None:
+        self._layouts = layouts
+        self._base_url = base_url
+        self._open: dict[tuple[str, int], tuple[Any, Visit]] = {}
+        self._scheme: dict[tuple[str, int], str] = {}
+        self._read: dict[tuple[str, int], set[str]] = {}
+
+    def open(self, path: str, width: int, scheme: str) -> tuple[Any, Visit]:
+        key = (path, width)
+        if key not in self._open:
+            url = f"{self._base_url}/{path}"
+            self._open[key] = open_page(None, url, context=self._layouts(width, scheme))
+            self._scheme[key] = scheme
+        page, visit = self._open[key]
+        if self._scheme[key] != scheme:
+            page.emulate_media(color_scheme=scheme)
+            want = "slate" if scheme == "dark" else "default"
+            page.wait_for_function(f"document.body.dataset.mdColorScheme === '{want}'")
+            self._scheme[key] = scheme
+        self._read.setdefault(key, set()).add(scheme)
+        return page, visit
+
+    def done(self, path: str, width: int, scheme: str) -> None:
+        key = (path, width)
+        if key in KEPT or key not in self._open or self._read[key] != {"light", "dark"}:
+            return
+        self._open.pop(key)[0].close()
+
+    def close(self) -> None:
+        for page, _ in self._open.values():
+            page.close()
+        self._open.clear()

@@ -96,14 +96,57 @@ def site_dir() -> Path:
     return built_site()
 
 
-class _QuietHandler(SimpleHTTPRequestHandler):
+class _SiteHandler(SimpleHTTPRequestHandler):
+    """The built site, cacheable for an hour, with the empty search index unless asked.
+
+    Nothing changes under a test run, so a browser context fetches each
+    stylesheet and script once. The search index is the exception
+    (browsing.SEARCH_INDEX): the real one only for a request carrying the
+    search cookie, and never cached.
+    """
+
+    def do_GET(self) -> None:
+        from browsing import SEARCH_COOKIE, SEARCH_INDEX
+
+        index = Path(self.translate_path(self.path))
+        if (
+            self.path.split("?")[0].endswith(SEARCH_INDEX)
+            and index.is_file()
+            and f"{SEARCH_COOKIE}=1" not in (self.headers.get("Cookie") or "")
+        ):
+            body = _empty_index(index)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_GET()
+
+    def end_headers(self) -> None:
+        from browsing import SEARCH_INDEX
+
+        if not self.path.split("?")[0].endswith(SEARCH_INDEX):
+            self.send_header("Cache-Control", "max-age=3600")
+        super().end_headers()
+
     def log_message(self, format: str, *args: object) -> None:
         pass
 
 
+@functools.cache
+def _empty_index(path: Path) -> bytes:
+    """The site's search index with its configuration and no documents."""
+    import json
+
+    config = json.loads(path.read_text(encoding="utf-8")).get("config", {})
+    return json.dumps({"config": config, "docs": []}).encode()
+
+
 @pytest.fixture(scope="session")
 def base_url(site_dir: Path) -> Iterator[str]:
-    handler = functools.partial(_QuietHandler, directory=str(site_dir))
+    handler = functools.partial(_SiteHandler, directory=str(site_dir))
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)  # port 0: any free port
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -121,7 +164,9 @@ def browser() -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        from browsing import OFFLINE_ARGS
+
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS + OFFLINE_ARGS)
         try:
             yield b
         finally:
@@ -146,8 +191,10 @@ def layouts(browser: Any) -> Iterator[Callable[[int, str], Any]]:
     """``layouts(width, scheme)``: one browser context per layout, shared by every test.
 
     Pages opened in the same context share its HTTP cache (the stylesheets,
-    scripts and fonts load once, not once per page); each test opens and
-    closes its own page in it.
+    scripts and fonts load once, not once per page: the test server marks
+    them cacheable, and no request is routed, which would turn the cache
+    off). Tests take their pages from ``shared_pages``, which opens each in
+    the context of its layout.
     """
     from browsing import new_context
 
@@ -161,3 +208,13 @@ def layouts(browser: Any) -> Iterator[Callable[[int, str], Any]]:
     yield get
     for context in made.values():
         context.close()
+
+
+@pytest.fixture(scope="session")
+def shared_pages(layouts: Any, base_url: str) -> Iterator[Any]:
+    """Pages opened once per layout and read by every test at that layout (browsing.KEPT)."""
+    from browsing import SharedPages
+
+    pages = SharedPages(layouts, base_url)
+    yield pages
+    pages.close()

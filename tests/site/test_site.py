@@ -8,7 +8,6 @@ without editing this file. Chapter-specific checks follow.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +23,9 @@ _table = table
 
 
 @pytest.fixture(scope="module")
-def _chapter_once(layouts: Any, base_url: str) -> Iterator[tuple[Any, Visit]]:
-    page, visit = _open(None, f"{base_url}/chapter/", context=layouts(DESKTOP, "light"))
-    yield page, visit
-    page.close()
+def _chapter_once(shared_pages: Any) -> tuple[Any, Visit]:
+    """The page the page-wide checks read at 1400 px in light (browsing.KEPT)."""
+    return shared_pages.open("chapter/", DESKTOP, "light")
 
 
 @pytest.fixture
@@ -123,8 +121,10 @@ def _shot_name(page_path: str) -> str:
 # -- every page -----------------------------------------------------------------
 
 
-# Each page is opened once per layout (1400 and 390 px, light and dark), in a
-# browser context shared across pages (conftest.py ``layouts``).
+# Each page is loaded once per width (1400 and 390 px), in a browser context
+# shared across pages (conftest.py ``layouts``), read in light, then switched
+# to dark and read again (browsing.SharedPages): every check runs in both
+# schemes, on half the loads.
 
 _CLIPPED_MATH = """() => [...document.querySelectorAll('.pa-math-block')]
     .filter(b => b.getBoundingClientRect().width > 0)
@@ -150,9 +150,9 @@ def _screenshot(page: Any, screenshots: Path | None, name: str) -> None:
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_page_loads_offline_in_both_schemes(
-    layouts: Any, base_url: str, screenshots: Path | None, page_path: str, scheme: str
+    shared_pages: Any, screenshots: Path | None, page_path: str, scheme: str
 ) -> None:
-    page, visit = _open(None, f"{base_url}/{page_path}", context=layouts(DESKTOP, scheme))
+    page, visit = shared_pages.open(page_path, DESKTOP, scheme)
     try:
         visit.assert_clean()
         assert page.locator("article h1").count() == 1
@@ -172,14 +172,14 @@ def test_page_loads_offline_in_both_schemes(
                 assert_exercises_fold(page)
         _screenshot(page, screenshots, f"{_shot_name(page_path)}-{scheme}.png")
     finally:
-        page.close()
+        shared_pages.done(page_path, DESKTOP, scheme)
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_page_fits_a_phone(
-    layouts: Any, base_url: str, screenshots: Path | None, page_path: str, scheme: str
+    shared_pages: Any, screenshots: Path | None, page_path: str, scheme: str
 ) -> None:
-    page, visit = _open(None, f"{base_url}/{page_path}", context=layouts(PHONE, scheme))
+    page, visit = shared_pages.open(page_path, PHONE, scheme)
     try:
         visit.assert_clean()
         want = "slate" if scheme == "dark" else "default"
@@ -196,7 +196,7 @@ def test_page_fits_a_phone(
         assert cut == [], f"display formulas wider than the column at {PHONE} px: {cut}"
         _screenshot(page, screenshots, f"390/{_shot_name(page_path)}-{scheme}.png")
     finally:
-        page.close()
+        shared_pages.done(page_path, PHONE, scheme)
 
 
 # Pages that end with exercises (docs/_gen/sitegen/exercises.py), in both languages.
@@ -216,9 +216,12 @@ def assert_exercises_fold(page: Any) -> None:
     assert 2 <= len(folded) <= 3, folded
     for answer in folded:
         assert not answer["open"] and not answer["shown"] and answer["answer"], answer
-    page.locator("article details.question summary").first.click()
+    summary = page.locator("article details.question summary").first
+    summary.click()
     opened = page.evaluate(_EXERCISES)[0]
     assert opened["open"] and opened["shown"], opened
+    summary.click()  # folded again: the page is read next in the dark scheme
+    assert not page.evaluate(_EXERCISES)[0]["open"]
 
 
 def assert_code_titles_and_copy_buttons(page: Any) -> None:
@@ -308,33 +311,27 @@ _CELL_STYLE = """cells => cells.map(c => ({
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_masked_cells_are_distinguishable(
-    chapter_page: tuple[Any, Visit], layouts: Any, base_url: str, scheme: str
+    chapter_page: tuple[Any, Visit], shared_pages: Any, scheme: str
 ) -> None:
     """Hatched by computed style, with a colour no weight can have, and no number."""
-    if scheme == "light":
-        (page, visit), own = chapter_page, False
-    else:
-        page, visit = _open(None, f"{base_url}/chapter/", context=layouts(DESKTOP, scheme))
-        own = True
-    try:
-        styles = page.locator(".pa-heatmap .pa-hm-cell").evaluate_all(_CELL_STYLE)
-        masked = [s for s in styles if s["col"] > s["row"]]
-        seen = [s for s in styles if s["col"] <= s["row"]]
-        assert len(masked) == 10
-        assert all("repeating-linear-gradient" in s["image"] for s in masked), masked[:2]
-        assert all(s["image"] == "none" for s in seen), seen[:2]
-        assert {s["colour"] for s in masked}.isdisjoint({s["colour"] for s in seen})
-        _, texts = _grid(page)
-        assert all(texts[s["row"]][s["col"]] == "—" for s in masked)
-        # A colour scale is shown with the widget.
-        scale = page.locator(".pa-heatmap .pa-hm-scale")
-        assert scale.is_visible() and "100%" in scale.inner_text()
-        # Shown once: no second copy of the same heatmap outside the widget.
-        assert page.locator("article svg.pa-heatmap-static:visible").count() == 0
-        visit.assert_clean()
-    finally:
-        if own:
-            page.close()
+    page, visit = (
+        chapter_page if scheme == "light" else shared_pages.open("chapter/", DESKTOP, scheme)
+    )
+    styles = page.locator(".pa-heatmap .pa-hm-cell").evaluate_all(_CELL_STYLE)
+    masked = [s for s in styles if s["col"] > s["row"]]
+    seen = [s for s in styles if s["col"] <= s["row"]]
+    assert len(masked) == 10
+    assert all("repeating-linear-gradient" in s["image"] for s in masked), masked[:2]
+    assert all(s["image"] == "none" for s in seen), seen[:2]
+    assert {s["colour"] for s in masked}.isdisjoint({s["colour"] for s in seen})
+    _, texts = _grid(page)
+    assert all(texts[s["row"]][s["col"]] == "—" for s in masked)
+    # A colour scale is shown with the widget.
+    scale = page.locator(".pa-heatmap .pa-hm-scale")
+    assert scale.is_visible() and "100%" in scale.inner_text()
+    # Shown once: no second copy of the same heatmap outside the widget.
+    assert page.locator("article svg.pa-heatmap-static:visible").count() == 0
+    visit.assert_clean()
 
 
 def test_widget_mask_toggle_zeroes_upper_triangle(chapter_page: tuple[Any, Visit]) -> None:
@@ -459,36 +456,32 @@ def test_sqrt_d_tables_are_captioned_and_distinct(chapter_page: tuple[Any, Visit
 
 
 def test_japanese_chapter_has_the_same_numbers(
-    chapter_page: tuple[Any, Visit], layouts: Any, base_url: str
+    chapter_page: tuple[Any, Visit], shared_pages: Any
 ) -> None:
     en, _ = chapter_page
-    ja, visit = _open(None, f"{base_url}/ja/chapter/", context=layouts(DESKTOP, "light"))
-    try:
-        visit.assert_clean()
-        assert ja.locator("html").get_attribute("lang") == "ja"
-        assert re.search(r"[\u3040-\u30ff]", ja.locator("article").inner_text())
-        for name in ("scaling-constant", "scaling-scaled"):
-            ours = _table(ja, name)
-            assert ours, f"no computed √d table {name} on the Japanese chapter"
-            assert ours == _table(en, name)
-        # The language switcher on the English page leads to the Japanese one.
-        assert en.locator('a[hreflang="ja"]').count() >= 1
-        # Figures carry Japanese text.
-        svg_text = ja.evaluate(
-            "[...document.querySelectorAll('article svg text')].map(t => t.textContent).join(' ')"
-        )
-        assert re.search(r"[\u3040-\u30ff]", svg_text)
-    finally:
-        ja.close()
+    ja, visit = shared_pages.open("ja/chapter/", DESKTOP, "light")
+    visit.assert_clean()
+    assert ja.locator("html").get_attribute("lang") == "ja"
+    assert re.search(r"[\u3040-\u30ff]", ja.locator("article").inner_text())
+    for name in ("scaling-constant", "scaling-scaled"):
+        ours = _table(ja, name)
+        assert ours, f"no computed √d table {name} on the Japanese chapter"
+        assert ours == _table(en, name)
+    # The language switcher on the English page leads to the Japanese one.
+    assert en.locator('a[hreflang="ja"]').count() >= 1
+    # Figures carry Japanese text.
+    svg_text = ja.evaluate(
+        "[...document.querySelectorAll('article svg text')].map(t => t.textContent).join(' ')"
+    )
+    assert re.search(r"[\u3040-\u30ff]", svg_text)
 
 
 def test_playground_follows_the_controls(chapter_page: tuple[Any, Visit]) -> None:
     """No other test on the shared chapter page moves the playground: it starts as loaded."""
-    from sitegen.playground import DIMS, grid
+    from sitegen.playground import DIMS, state
 
     page, visit = chapter_page
     root = page.locator(".pa-playground")
-    states = grid()["states"]
     assert root.get_attribute("data-state") == "constant/64/unscaled"
     # The grid has the chapter widget's colour scale, without a mask swatch (nothing is masked).
     scale = root.locator(".pa-hm-scale")
@@ -499,7 +492,7 @@ def test_playground_follows_the_controls(chapter_page: tuple[Any, Visit]) -> Non
     page.keyboard.press("End")
     assert root.get_attribute("data-state") == f"constant/{DIMS[-1]}/unscaled"
     w, _ = _grid(page, ".pa-playground")
-    np.testing.assert_allclose(w, states[f"constant/{DIMS[-1]}/unscaled"]["weights"])
+    np.testing.assert_allclose(w, state("constant", DIMS[-1], scaled=False)["weights"])
     # Arrow keys move through a radio group: unscaled -> scaled.
     page.locator(".pa-playground input[value=unscaled]").focus()
     page.keyboard.press("ArrowRight")
@@ -508,7 +501,7 @@ def test_playground_follows_the_controls(chapter_page: tuple[Any, Visit]) -> Non
     page.locator(".pa-playground label", has_text="1/d").click()
     assert root.get_attribute("data-state") == f"scaled/{DIMS[-1]}/scaled"
     w, _ = _grid(page, ".pa-playground")
-    np.testing.assert_allclose(w, states[f"scaled/{DIMS[-1]}/scaled"]["weights"])
+    np.testing.assert_allclose(w, state("scaled", DIMS[-1], scaled=True)["weights"])
     visit.assert_clean()
 
 
@@ -557,62 +550,52 @@ def test_dataflow_shows_the_example_shapes(chapter_page: tuple[Any, Visit]) -> N
         assert " × ".join(map(str, sh[key])) in text, key  # noqa: RUF001
 
 
-def test_beyond_floor_division_reads_as_math(layouts: Any, base_url: str) -> None:
-    page, _ = _open(None, f"{base_url}/beyond/", context=layouts(DESKTOP, "light"))
-    try:
-        assert "/ /" not in page.locator("article").inner_text()
-        assert page.locator("article math mo", has_text="⌊").count() >= 1
-    finally:
-        page.close()
+def test_beyond_floor_division_reads_as_math(shared_pages: Any) -> None:
+    page, _ = shared_pages.open("beyond/", DESKTOP, "light")
+    assert "/ /" not in page.locator("article").inner_text()
+    assert page.locator("article math mo", has_text="⌊").count() >= 1
 
 
 @pytest.mark.parametrize("lang", ["en", "ja"])
-def test_mask_gallery_reads_the_cell_under_the_pointer(
-    layouts: Any, base_url: str, lang: str
-) -> None:
+def test_mask_gallery_reads_the_cell_under_the_pointer(shared_pages: Any, lang: str) -> None:
     """Hovering a mask picture names the query, the key, and the tile with its kind."""
     from sitegen import programmable
 
     import portattn as pa
 
     prefix = "ja/" if lang == "ja" else ""
-    page, visit = _open(
-        None, f"{base_url}/{prefix}programmable/", context=layouts(DESKTOP, "light")
-    )
-    try:
-        panels = programmable.panels()
-        for k, (q, kv) in ((0, (100, 40)), (2, (130, 45)), (5, (200, 3))):
-            panel = panels[k]
-            assert panel.allowed is not None and panel.block_mask is not None
-            image = page.locator(f'.pa-fig-wide image[id$="-pa-gallery-{k}"]')
-            box = image.bounding_box()
-            assert box is not None
-            n = programmable.N
-            image.hover(
-                position={"x": (kv + 0.5) * box["width"] / n, "y": (q + 0.5) * box["height"] / n}
-            )
-            said = page.locator(".pa-gallery-readout").inner_text()
-            kind = panel.block_mask.tile_kind(q // programmable.BLOCK, kv // programmable.BLOCK)
-            names = {
-                "en": {
-                    pa.BlockMask.EMPTY: "empty",
-                    pa.BlockMask.PARTIAL: "partial",
-                    pa.BlockMask.FULL: "full",
-                },
-                "ja": {
-                    pa.BlockMask.EMPTY: "空",
-                    pa.BlockMask.PARTIAL: "一部",
-                    pa.BlockMask.FULL: "満杯",
-                },
-            }[lang]
-            assert f"q_idx {q}" in said and f"kv_idx {kv}" in said, said
-            seen = bool(panel.allowed[q, kv])
-            if lang == "en":
-                assert ("does not see" not in said) == seen, said
-                assert said.endswith(f"is {names[kind]}."), said
-            else:
-                assert ("を見ない" not in said) == seen, said
-                assert said.endswith(f"は{names[kind]}。"), said
-        visit.assert_clean()
-    finally:
-        page.close()
+    page, visit = shared_pages.open(f"{prefix}programmable/", DESKTOP, "light")
+    panels = programmable.panels()
+    for k, (q, kv) in ((0, (100, 40)), (2, (130, 45)), (5, (200, 3))):
+        panel = panels[k]
+        assert panel.allowed is not None and panel.block_mask is not None
+        image = page.locator(f'.pa-fig-wide image[id$="-pa-gallery-{k}"]')
+        box = image.bounding_box()
+        assert box is not None
+        n = programmable.N
+        image.hover(
+            position={"x": (kv + 0.5) * box["width"] / n, "y": (q + 0.5) * box["height"] / n}
+        )
+        said = page.locator(".pa-gallery-readout").inner_text()
+        kind = panel.block_mask.tile_kind(q // programmable.BLOCK, kv // programmable.BLOCK)
+        names = {
+            "en": {
+                pa.BlockMask.EMPTY: "empty",
+                pa.BlockMask.PARTIAL: "partial",
+                pa.BlockMask.FULL: "full",
+            },
+            "ja": {
+                pa.BlockMask.EMPTY: "空",
+                pa.BlockMask.PARTIAL: "一部",
+                pa.BlockMask.FULL: "満杯",
+            },
+        }[lang]
+        assert f"q_idx {q}" in said and f"kv_idx {kv}" in said, said
+        seen = bool(panel.allowed[q, kv])
+        if lang == "en":
+            assert ("does not see" not in said) == seen, said
+            assert said.endswith(f"is {names[kind]}."), said
+        else:
+            assert ("を見ない" not in said) == seen, said
+            assert said.endswith(f"は{names[kind]}。"), said
+    visit.assert_clean()

@@ -9,25 +9,25 @@ test_site.py; the head view does not behave differently by scheme.)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from browsing import DESKTOP, PHONE, open_page, table
+from browsing import DESKTOP, PHONE, table
 from sitegen import exercises, heads, learned
 
 LAYOUTS = [(PHONE, "dark"), (DESKTOP, "light")]
 
 
 # One page per layout, shared by the checks below in file order: the two that
-# read the page come before the one that clicks its head view.
+# read the page come before the one that clicks its head view. The page-wide
+# checks of test_site.py have read it at the same layout already, and left it
+# open (browsing.KEPT).
 @pytest.fixture(scope="module", params=LAYOUTS, ids=[f"{w}-{s}" for w, s in LAYOUTS])
-def learned_page(request: Any, layouts: Any, base_url: str) -> Iterator[Any]:
+def learned_page(request: Any, shared_pages: Any) -> Any:
     width, scheme = request.param
-    page, visit = open_page(None, f"{base_url}/learned/", context=layouts(width, scheme))
+    page, visit = shared_pages.open("learned/", width, scheme)
     visit.assert_clean()
-    yield page
-    page.close()
+    return page
 
 
 def _head_rows(task: str) -> list[list[str]]:
@@ -179,20 +179,17 @@ def test_thumbnails_are_the_weights_and_select_their_head(learned_page: Any) -> 
             assert grid["x"] >= svg["x"] + svg["width"], (svg, grid)
 
 
-def test_japanese_page_has_the_same_numbers(layouts: Any, base_url: str) -> None:
-    ja, visit = open_page(None, f"{base_url}/ja/learned/", context=layouts(PHONE, "dark"))
-    try:
-        visit.assert_clean()
-        for task in learned.TASKS:
-            assert table(ja, f"heads-{task}") == _head_rows(task)
-        summary = [r[1:6] for r in table(ja, "learned-summary")]
-        assert summary == [_summary_cells(task) for task in learned.TASKS]
-        view = ja.locator('[data-pa-headview="reverse"]')
-        view.locator(".pa-hv-query").first.hover()
-        assert "注目先" in view.locator(".pa-hv-sentence").inner_text()
-        grid = view.locator(".pa-hv-model").inner_text()
-        assert "層 1" in grid and "ヘッド 2" in grid and "注目の重み" in grid, grid
-        heads_box = view.locator(".pa-hv-choice").nth(1)
-        assert heads_box.get_attribute("aria-label") == "重ねて描くヘッド"
-    finally:
-        ja.close()
+def test_japanese_page_has_the_same_numbers(shared_pages: Any) -> None:
+    ja, visit = shared_pages.open("ja/learned/", PHONE, "dark")
+    visit.assert_clean()
+    for task in learned.TASKS:
+        assert table(ja, f"heads-{task}") == _head_rows(task)
+    summary = [r[1:6] for r in table(ja, "learned-summary")]
+    assert summary == [_summary_cells(task) for task in learned.TASKS]
+    view = ja.locator('[data-pa-headview="reverse"]')
+    view.locator(".pa-hv-query").first.hover()
+    assert "注目先" in view.locator(".pa-hv-sentence").inner_text()
+    grid = view.locator(".pa-hv-model").inner_text()
+    assert "層 1" in grid and "ヘッド 2" in grid and "注目の重み" in grid, grid
+    heads_box = view.locator(".pa-hv-choice").nth(1)
+    assert heads_box.get_attribute("aria-label") == "重ねて描くヘッド"

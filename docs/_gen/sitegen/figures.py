@@ -7,6 +7,7 @@ chapter show the same numbers, with the words of :mod:`sitegen.i18n`.
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Sequence
 from functools import cache
 
@@ -16,6 +17,7 @@ from portattn import chapter
 from portattn.testing import to_numpy
 
 from . import plotting
+from .diskcache import cache_dir, code_key, write_atomic
 from .i18n import t
 
 # The table's widths, as in the chapter, and a finer grid for the plot: half
@@ -38,8 +40,21 @@ def _svg(fig: object, *, label: str) -> str:
 
 @cache
 def scaling(init: str, dims: tuple[int, ...] = TABLE_DIMS) -> tuple[chapter.ScalingRow, ...]:
-    """``chapter.scaling_table`` once per build for each (init, dims)."""
-    return tuple(chapter.scaling_table(dims, seq_len=SEQ_LEN, init=init))  # type: ignore[arg-type]
+    """``chapter.scaling_table`` once per build for each (init, dims), kept on disk between builds.
+
+    The key is this file, portattn's source (``chapter`` included) and the
+    arguments (``sitegen.diskcache``): the 32 trials per width took 16 s of a
+    cold profiled build, and the browser tests ask for the table again.
+    """
+    key = code_key(__file__, libraries=("numpy",), extra=f"{init} {dims} {SEQ_LEN}")
+    path = cache_dir("scaling") / f"{init}-{key}.json"
+    if path.is_file():
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        return tuple(chapter.ScalingRow(int(d), float(u), float(s)) for d, u, s in rows)
+    got = tuple(chapter.scaling_table(dims, seq_len=SEQ_LEN, init=init))  # type: ignore[arg-type]
+    rows = [[r.d, float(r.unscaled), float(r.scaled)] for r in got]
+    write_atomic(path, json.dumps(rows).encode())
+    return got
 
 
 def _f(x: float) -> str:

@@ -63,21 +63,32 @@ def _std(init: str, d: int) -> float:
 
 
 @cache
+def state(init: str, d: int, *, scaled: bool) -> dict[str, object]:
+    """One setting's weights, percentages and sharpness, as the playground shows them.
+
+    Apart from :func:`grid`, whose curves cost seconds: the browser test
+    checks two settings against this without computing the curves again.
+    """
+    x = chapter.demo_embeddings(chapter.DEMO_TOKENS, d_model=d)
+    head = pa.Head.random(d, d, seed=0, std=_std(init, d))
+    w = pa.softmax(head.scores(x, scaled=scaled), axis=-1)
+    return {
+        "weights": np.round(to_numpy(w).astype(float), 4).tolist(),
+        "percent": percentages(w),
+        "sharpness": round(chapter.sharpness(w), 3),
+    }
+
+
+@cache
 def grid() -> dict[str, object]:
     """The precomputed states, keyed ``"{init}/{d}/{scaled|unscaled}"``."""
     tokens = chapter.DEMO_TOKENS
-    states: dict[str, object] = {}
-    for init in INITS:
-        for d in DIMS:
-            x = chapter.demo_embeddings(tokens, d_model=d)
-            head = pa.Head.random(d, d, seed=0, std=_std(init, d))
-            for scaled in (True, False):
-                w = pa.softmax(head.scores(x, scaled=scaled), axis=-1)
-                states[f"{init}/{d}/{'scaled' if scaled else 'unscaled'}"] = {
-                    "weights": np.round(to_numpy(w).astype(float), 4).tolist(),
-                    "percent": percentages(w),
-                    "sharpness": round(chapter.sharpness(w), 3),
-                }
+    states = {
+        f"{init}/{d}/{'scaled' if scaled else 'unscaled'}": state(init, d, scaled=scaled)
+        for init in INITS
+        for d in DIMS
+        for scaled in (True, False)
+    }
     curves = {
         init: {
             "d": [r.d for r in scaling(init, PLOT_DIMS)],

@@ -25,6 +25,7 @@ import portattn as pa
 from portattn.testing import to_numpy
 
 from . import attnmap, plotting
+from .diskcache import cache_dir, code_key, write_atomic
 
 RECORD = Path("benchmarks/results/serving.json")
 LENGTHS = (5, 3, 7)  # the packed example: three sequences
@@ -288,13 +289,27 @@ def _paged_equal(
 
 @cache
 def invariance() -> dict[tuple[str, str], tuple[bool, bool, float, float]]:
-    """Each installed library's comparisons, by (library, impl)."""
-    return {
+    """Each installed library's comparisons, by (library, impl).
+
+    Kept on disk between builds (``sitegen.diskcache``), keyed by this file,
+    portattn's source and the libraries' versions: eager JAX compiles every
+    call once: the eight rows took 122 of the 1060 s that the pages' code
+    ran in a cold build (under cProfile, 2 loaded cores), the most of any
+    uncached table.
+    """
+    key = code_key(__file__, libraries=("numpy", "torch", "jax", "array-api-strict"))
+    path = cache_dir("serving") / f"invariance-{key}.json"
+    if path.is_file():
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        return {(name, impl): tuple(row) for name, impl, row in stored}
+    rows = {
         (name, impl): row
         for name in _LIBS
         for impl in _IMPLS
         if (row := _one_library(name, impl)) is not None
     }
+    write_atomic(path, json.dumps([[n, i, list(r)] for (n, i), r in rows.items()]).encode())
+    return rows
 
 
 def invariance_markdown(*, lang: str = "en") -> str:
