@@ -28,7 +28,7 @@ mask shared by every head is handed over once, not once per head.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import sys
 
 from .._core._problem import Problem, empty_result
 from .._lib._compat import is_concrete, namespace_library
@@ -169,21 +169,12 @@ def plain_native(query: Array, key: Array, value: Array, scale: float, groups: i
     ``is_causal=False`` are SDPA's defaults, left out: each keyword costs
     the kernel's argument parser.
     """
-    sdpa = _SDPA[0] if _SDPA else _sdpa()
+    # Read on each call (a dict lookup, cheaper than an import statement), so
+    # that a patched SDPA is the one called; importing torch loads the module.
+    sdpa = sys.modules["torch.nn.functional"].scaled_dot_product_attention
     if groups > 1:
         return sdpa(query, key, value, scale=scale, enable_gqa=True)
     return sdpa(query, key, value, scale=scale)
-
-
-# torch's SDPA, looked up once (torch is imported only for torch calls).
-_SDPA: list[Callable[..., Array]] = []
-
-
-def _sdpa() -> Callable[..., Array]:
-    import torch
-
-    _SDPA.append(torch.nn.functional.scaled_dot_product_attention)
-    return _SDPA[0]
 
 
 def _plain(p: Problem) -> bool:
