@@ -60,6 +60,7 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         "blockwise_attention": "blockwise",
         "differentiable_blockwise": "blockwise",  # blockwise with its own backward
         "materialize_attention": "materialize",
+        "plain_native": "native",  # a repeat plain torch call's shortcut to the same kernel
     }
     for name, path in paths.items():
         real = getattr(entry, name, None)
@@ -247,3 +248,22 @@ def test_auto_materialises_a_large_grouped_decode_step_on_torch(rng, spy, monkey
     wants = torch.autograd.grad(want, (q, k, v), d_out)
     for a, w in zip(grads, wants, strict=True):
         torch.testing.assert_close(a, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("hkv", [2, 8])
+def test_repeat_plain_torch_call_gives_the_kernel_path_bits(hkv):
+    """A repeat plain call takes the memoised shortcut to SDPA: the bits of impl='native'."""
+    torch = pytest.importorskip("torch")
+    from portattn._core import _prepare
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 8, 1, 16, generator=gen)
+    k, v = (torch.randn(2, hkv, 33, 16, generator=gen) for _ in range(2))
+    _prepare._PLANS.clear()
+    first = pa.attention(q, k, v, scale=0.3)  # validates, and memoises the plan
+    assert _prepare.plain_plan(q, k, v, pa._core._variant.build_variant(), 0.3) is not None
+    again = pa.attention(q, k, v, scale=0.3)
+    native = pa.attention(q, k, v, scale=0.3, impl="native")
+    assert torch.equal(first, again) and torch.equal(again, native)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert pa.attention(q, k, v, scale=0.3).dtype == torch.float32

@@ -26,10 +26,10 @@ from ._lib._compat import array_namespace, namespace_library
 from ._lib._precision import narrow, torch_autocast_off
 from ._lib._typing import Array, Namespace
 from ._lib._vocabulary import sdpa_names
-from ._paths._auto import auto_impl
+from ._paths._auto import auto_impl, plain_kernel
 from ._paths._invariant import invariant_attention
 from ._paths._materialize import materialize_attention, materialize_weights
-from ._paths._native import native_attention
+from ._paths._native import native_attention, plain_native
 
 __all__ = ["IMPLS", "Impl", "attend", "attention", "attention_weights", "solve", "solve_weights"]
 
@@ -417,6 +417,12 @@ def attend(
     # chapter's size, and a prefill pays a pass over q).
     defer = value is not None and isinstance(impl, str) and impl in ("auto", "native")
     defer = defer and namespace_library(xp) == "torch"
+    if defer and impl == "auto" and block_size is None and return_lse is False:
+        # A repeat plain call (a decode step's) goes straight to the kernel:
+        # its checks were memoised on its dtypes, shapes, devices and options.
+        plain = plain_kernel(query, key, value, variant, scale)
+        if plain is not None:
+            return plain_native(query, key, value, *plain)
     p = prepare(query, key, value, variant, scale=scale, xp=xp, scale_q=not defer)
     if value is None:
         return solve_weights(p, xp=xp)

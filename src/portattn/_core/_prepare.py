@@ -72,9 +72,11 @@ def _structure(lq: int, lk: int, causal: bool | Align, window: tuple[int, int] |
 
 
 # What _validate decides: batch, structure, output dtype, compute dtype,
-# device, scale, and the variant laid out for the paths. Memoised for NumPy
-# calls without array options (their variant holds no array).
-_Plan = tuple[tuple[int, ...], Structure, DType, DType, Device, float, Variant]
+# device, scale, the variant laid out for the paths, the query heads per
+# key/value head, and the feature size d where a fused kernel may take the
+# inputs as they are (plain_kernel_call), else 0. Memoised for NumPy and
+# eager torch calls without array options (their variant holds no array).
+_Plan = tuple[tuple[int, ...], Structure, DType, DType, Device, float, Variant, int, int]
 _PLANS: dict[tuple[object, ...], _Plan] = {}
 
 
@@ -221,7 +223,39 @@ def _validate(
         out_dtype = xp.result_type(*(x.dtype for _, x in arrays))
     work = compute_dtype(out_dtype, xp=xp)
     variant = _laid_out(asked, options, len(batch), work, (lq, lk), xp=xp, device=dev)
-    return batch, structure, out_dtype, work, dev, scale_value, variant
+    d_plain = _plain_d(query, key, value, batch, groups, work, variant, structure)
+    return batch, structure, out_dtype, work, dev, scale_value, variant, groups, d_plain
+
+
+def _plain_d(
+    query: Array,
+    key: Array,
+    value: Array | None,
+    batch: tuple[int, ...],
+    groups: int,
+    work: DType,
+    variant: Variant,
+    structure: Structure,
+) -> int:
+    """``d`` where q, k and v are all a kernel needs, as they are; else 0.
+
+    That is: (B, H, L, d) and (B, H / groups, L, d) arrays, none empty, in
+    the compute dtype, and nothing that hides a pair or changes a score
+    (no option but the scale). Shapes, dtypes and options alone decide it.
+    """
+    if value is None or len(batch) != 2 or variant.kernel_lacks() is not None:
+        return 0
+    if not (variant.positions_only and structure.trivial) or 0 in (structure.lq, structure.lk):
+        return 0
+    heads = (batch[0], batch[1] // groups)
+    if query.ndim != 4 or tuple(query.shape[:2]) != batch or 0 in batch:
+        return 0
+    for x in (key, value):
+        if x.ndim != 4 or tuple(x.shape[:2]) != heads:
+            return 0
+    if not (query.dtype == work and key.dtype == work and value.dtype == work):
+        return 0
+    return int(query.shape[-1])
 
 
 def prepare(
@@ -248,23 +282,40 @@ def prepare(
     score_mod, block_mask = variant.score_mod, variant.block_mask
     if score_mod is not None or block_mask is not None:
         variant = variant.without_flex()  # checked below, against the call's shapes
-    # Grouped-query attention: k and v keep their Hkv heads (_core/_groups).
-    groups = kv_groups(query, key, value)
     memo = _memo_key(query, key, value, variant, scale)
     plan = None if memo is None else _PLANS.get(memo)
     if plan is None:
+        # Grouped-query attention: k and v keep their Hkv heads (_core/_groups).
+        groups = kv_groups(query, key, value)  # shapes alone: memoised with the plan
         plan = _validate(query, key, value, variant, scale, groups, xp=xp)
         if memo is not None:
             if len(_PLANS) >= _STRUCTURES_MAX:
                 _PLANS.clear()
             _PLANS[memo] = plan
-    p = _problem(query, key, value, plan, groups, scale_q=scale_q, xp=xp)
+    p = _problem(query, key, value, plan, scale_q=scale_q, xp=xp)
     if score_mod is None and block_mask is None:
         return p
     mods = flex_mods(
         score_mod, block_mask, batch=p.batch, lq=p.lq, lk=p.lk, library=mod_library(query)
     )
     return dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods))
+
+
+def plain_plan(
+    query: Array, key: Array, value: Array, variant: Variant, scale: object
+) -> tuple[float, int, tuple[int, ...], Structure, int, Device] | None:
+    """``(scale, groups, batch, structure, d, device)`` of a repeat call a kernel takes as it is.
+
+    Only a call :func:`prepare` has already checked with these very facts
+    (dtypes, shapes, devices, options: the memo's key) has a plan here, so
+    what its checks decided holds. ``None`` for any other call, which goes
+    through :func:`prepare` (and its errors) as always.
+    """
+    memo = _memo_key(query, key, value, variant, scale)
+    plan = None if memo is None else _PLANS.get(memo)
+    if plan is None or not plan[8]:
+        return None
+    return plan[5], plan[7], plan[0], plan[1], plan[8], plan[4]
 
 
 def _memo_key(
@@ -312,13 +363,12 @@ def _problem(
     key: Array,
     value: Array | None,
     plan: _Plan,
-    groups: int,
     *,
     scale_q: bool,
     xp: Namespace,
 ) -> Problem:
     """The arrays in compute precision (``q`` scaled if asked, padding zeroed), and ``plan``."""
-    batch, structure, out_dtype, work, dev, scale_value, variant = plan
+    batch, structure, out_dtype, work, dev, scale_value, variant, groups, _ = plan
     # Inline rather than _as(): at the chapter's size every call shows.
     q = query if query.dtype == work else xp.astype(query, work)
     if scale_q:

@@ -49,14 +49,16 @@ def torch_autocast_off(device: Device) -> AbstractContextManager[Any] | None:
     """
     import torch
 
-    kind = device.type
-    available = _AUTOCAST_AVAILABLE.get(kind)
-    if available is None:  # fixed per device type: asked once, not on every call
-        available = _AUTOCAST_AVAILABLE[kind] = torch.amp.is_autocast_available(kind)
-    if not available or not torch.is_autocast_enabled(kind):
+    # Keyed on the device itself: reading device.type costs a decode step a
+    # microsecond, a dict lookup a tenth of that.
+    kind = _AUTOCAST_KIND.get(device)
+    if kind is None:  # fixed per device: asked once, not on every call
+        kind = device.type if torch.amp.is_autocast_available(device.type) else ""
+        _AUTOCAST_KIND[device] = kind
+    if not kind or not torch.is_autocast_enabled(kind):
         return None  # meta tensors: no autocast at all
     return torch.autocast(kind, enabled=False)
 
 
-# Device type -> whether torch has autocast there (False for meta tensors).
-_AUTOCAST_AVAILABLE: dict[str, bool] = {}
+# Device -> its type where torch has autocast there, "" where not (meta tensors).
+_AUTOCAST_KIND: dict[Device, str] = {}

@@ -63,7 +63,7 @@ def sdpa_names(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def refusing(*args: P.args, **kwargs: P.kwargs) -> R:
-        for name in SDPA_KEYWORDS:
+        for name in SDPA_KEYWORDS if kwargs else ():  # a bare call (a decode step's) skips the loop
             if name in kwargs:
                 msg = f"{fn.__name__}() got torch SDPA's {name}=; {SDPA_KEYWORDS[name]}"
                 raise TypeError(msg)

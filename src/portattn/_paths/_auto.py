@@ -7,8 +7,11 @@ pair tasks ask for each tile of a chunked call, so both follow one rule.
 from __future__ import annotations
 
 from .._core._flex import EMPTY
+from .._core._prepare import plain_plan
 from .._core._problem import Problem
-from .._lib._typing import Namespace
+from .._core._variant import Variant
+from .._lib._precision import torch_autocast_off
+from .._lib._typing import Array, Namespace
 from ._native import auto_delegates
 
 __all__ = [
@@ -16,6 +19,7 @@ __all__ = [
     "MATERIALIZE_MAX_PAIRS",
     "TORCH_MATERIALIZE_GQA_DECODE",
     "auto_impl",
+    "plain_kernel",
 ]
 
 # Below this many (query, key) pairs per batch entry, materialising the score
@@ -61,10 +65,41 @@ def _grouped_decode(p: Problem) -> bool:
     """One query per row against grouped keys large enough that materialising beats SDPA."""
     if p.groups == 1 or p.lq != MATERIALIZE_ANY_LK_AT_LQ:
         return False
-    work: int = p.lk * p.q.shape[-1]
-    for n in p.batch:
+    return _decode_work(p.batch, p.lk, p.q.shape[-1]) >= TORCH_MATERIALIZE_GQA_DECODE
+
+
+def _decode_work(batch: tuple[int, ...], lk: int, d: int) -> int:
+    """A decode step's multiply-adds per product: B * H * Lk * d."""
+    work: int = lk * d
+    for n in batch:
         work *= n
-    return work >= TORCH_MATERIALIZE_GQA_DECODE
+    return work
+
+
+def plain_kernel(
+    query: Array, key: Array, value: Array, variant: Variant, scale: object
+) -> tuple[float, int] | None:
+    """``(scale, groups)`` for a repeat torch call ``auto`` sends to SDPA as it is; else ``None``.
+
+    A decode step makes the same plain call on every token, and its kernel
+    takes about 30 us: the path through :class:`Problem`, the rule above and
+    ``native_attention`` cost it as much again. A call whose memoised
+    plan (:func:`plain_plan`: checked; q, k and v 4-D in the compute dtype;
+    nothing hiding a pair) gets the rule's ``"native"`` here, and its
+    arguments for :func:`~portattn._paths._native.plain_native`, which passes the kernel what
+    ``native_attention`` would (the same bits). Under ``torch.autocast`` it
+    is ``None``: the call goes the whole way, which turns autocast off.
+    """
+    plan = plain_plan(query, key, value, variant, scale)
+    if plan is None:
+        return None
+    scale_value, groups, batch, s, d, device = plan
+    decode = groups > 1 and s.lq == MATERIALIZE_ANY_LK_AT_LQ
+    if decode and _decode_work(batch, s.lk, d) >= TORCH_MATERIALIZE_GQA_DECODE:
+        return None  # _grouped_decode: the materialising path
+    if torch_autocast_off(device) is not None:
+        return None
+    return scale_value, groups
 
 
 def _has_empty_tiles(p: Problem) -> bool:

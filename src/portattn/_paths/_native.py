@@ -28,12 +28,13 @@ mask shared by every head is handed over once, not once per head.
 from __future__ import annotations
 
 import math
+import sys
 
 from .._core._problem import Problem, empty_result
 from .._lib._compat import is_concrete, namespace_library
 from .._lib._typing import Array, Namespace
 
-__all__ = ["auto_delegates", "native_attention", "refusal"]
+__all__ = ["auto_delegates", "native_attention", "plain_native", "refusal"]
 
 
 def refusal(p: Problem, *, return_lse: bool, xp: Namespace) -> str | None:
@@ -136,20 +137,50 @@ def _hidden_keys_finite(p: Problem, *, xp: Namespace) -> bool:
 
 def native_attention(p: Problem, *, return_lse: bool, xp: Namespace) -> tuple[Array, Array | None]:
     """Output (..., Lq, dv) of ``p`` from the library's fused kernel; lse is never available."""
-    why = refusal(p, return_lse=return_lse, xp=xp)
+    lib = namespace_library(xp)
+    # A plain call (nothing hides a pair, nothing the kernel lacks) is what
+    # a decode step makes on every token: refusal() has nothing to say to it
+    # on torch, and it hands the kernel no mask, so it skips that machinery.
+    plain = lib == "torch" and not return_lse and _plain(p)
+    why = None if plain else refusal(p, return_lse=return_lse, xp=xp)
     if why is not None:
         raise NotImplementedError(why)
-    if p.lk == 0 or p.lq == 0 or math.prod(p.batch) == 0:
+    s = p.structure
+    if s.lk == 0 or s.lq == 0 or math.prod(p.batch) == 0:
         out, _ = empty_result(p, xp=xp)
         return out, None
+    if plain:
+        return _torch(p, None, None, is_causal=False, xp=xp), None
     is_causal = p.kernel_causal
     allowed = None if is_causal else p.allowed(0, p.lq, 0, p.lk, xp=xp)  # (..., Lq|1, Lk|1) | None
     bias = p.bias_tile(0, p.lq, 0, p.lk)
-    if namespace_library(xp) == "torch":
+    if lib == "torch":
         out = _torch(p, allowed, bias, is_causal=is_causal, xp=xp)
     else:
         out = _jax(p, allowed, bias, is_causal=is_causal, xp=xp)
     return out, None
+
+
+def plain_native(query: Array, key: Array, value: Array, scale: float, groups: int) -> Array:
+    """torch's SDPA on (B, H, L, d) q, k and v as they are: a plain call's ``native_attention``.
+
+    For a call ``impl="auto"`` found plain (:func:`~portattn._paths._auto.plain_kernel`),
+    with ``scale`` and ``groups`` from its plan. ``attn_mask=None`` and
+    ``is_causal=False`` are SDPA's defaults, left out: each keyword costs
+    the kernel's argument parser.
+    """
+    # Read on each call (a dict lookup, cheaper than an import statement), so
+    # that a patched SDPA is the one called; importing torch loads the module.
+    sdpa = sys.modules["torch.nn.functional"].scaled_dot_product_attention
+    if groups > 1:
+        return sdpa(query, key, value, scale=scale, enable_gqa=True)
+    return sdpa(query, key, value, scale=scale)
+
+
+def _plain(p: Problem) -> bool:
+    """No mask, bias, lengths, mods, hiding positions, softcap or sinks: q, k and v alone."""
+    va = p.variant
+    return va.positions_only and p.structure.trivial and va.kernel_lacks() is None
 
 
 def _visible_rows(allowed: Array | None, bias: Array | None, *, xp: Namespace) -> Array | None:
@@ -180,13 +211,17 @@ def _torch(
     p: Problem, allowed: Array | None, bias: Array | None, *, is_causal: bool, xp: Namespace
 ) -> Array:
     import torch
-    import torch.nn.functional as F
 
     h = p.batch[-1] if p.batch else 1
+    four = len(p.batch) == 2
 
     def full(x: Array, length: int, heads: int) -> Array:  # (..., L, d) -> (B, H, L, d)
-        if len(p.batch) == 2 and x.ndim == 4 and x.shape[:2] == (p.batch[0], heads):
-            return x  # already (B, H, L, d): a decode step pays for no view
+        if four and x.ndim == 4:
+            # Indexed rather than sliced: a torch.Size slice is a microsecond
+            # of a decode step's 30.
+            shape = x.shape
+            if shape[0] == p.batch[0] and shape[1] == heads:
+                return x  # already (B, H, L, d): a decode step pays for no view
         batch = (*p.batch[:-1], heads) if p.batch else p.batch
         return _four_d(xp.broadcast_to(x, (*batch, length, x.shape[-1])), batch, xp=xp)
 
@@ -198,7 +233,7 @@ def _torch(
     # Grouped-query attention: SDPA reads each key/value head for its group
     # itself (enable_gqa, torch >= 2.5, the oldest portattn supports).
     gqa = {"enable_gqa": True} if p.groups > 1 else {}
-    out = F.scaled_dot_product_attention(
+    out = torch.nn.functional.scaled_dot_product_attention(
         full(p.q, p.lq, h),
         full(p.k, p.lk, h // p.groups),
         full(p.v, p.lk, h // p.groups),
@@ -212,7 +247,7 @@ def _torch(
     seen = _visible_rows(allowed4, bias4, xp=xp)
     if seen is not None:
         out = xp.where(seen, out, 0.0)
-    return out if len(p.batch) == 2 else xp.reshape(out, (*p.batch, p.lq, p.dv))
+    return out if four else xp.reshape(out, (*p.batch, p.lq, p.dv))
 
 
 def _jax(
