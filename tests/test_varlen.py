@@ -181,6 +181,33 @@ def test_batch_invariant_false_is_one_call_equal_within_rounding(
     assert len(calls) == len(LQ)  # a score_mod sees positions within a sequence: per sequence
 
 
+# NumPy warns of the fused attempt's 0 * inf, which the call then runs again per sequence.
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("causal", [False, "bottom_right"])
+def test_batch_invariant_false_keeps_a_sequences_inf_and_nan_keys_to_itself(
+    backend: Backend, rng, causal
+):
+    """Sequence 2 holds a NaN key and an inf value: the fused call's other rows stay finite.
+
+    torch's kernel reads every key of the packed row (NaN rows elsewhere), the
+    materialising path weighs the inf value by 0 (NaN): the fused call sees
+    it in its output and runs the step per sequence. (Eager on JAX: under
+    jax.jit the output cannot be read.)
+    """
+    q, k, v = _packed(rng, LQ, LK)
+    a = _cu(LK)[2]
+    k[a + 3, 0, 1] = np.nan
+    v[a + 5, 1, 0] = np.inf
+    options: dict[str, Any] = {"cu_seqlens_q": _cu(LQ), "cu_seqlens_k": _cu(LK), "causal": causal}
+    q, k, v = (backend.asarray(x) for x in (q, k, v))
+    fused = to_numpy(pa.attention_varlen(q, k, v, batch_invariant=False, **options))
+    alone = to_numpy(pa.attention_varlen(q, k, v, **options))
+    rows = np.ones(sum(LQ), dtype=bool)
+    rows[_cu(LQ)[2] : _cu(LQ)[3]] = False
+    assert np.isfinite(fused[rows]).all()
+    np.testing.assert_allclose(fused, alone, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
 def test_batch_invariant_false_keeps_the_checks_and_refuses_a_non_flag(rng):
     q, k, v = _packed(rng, LQ, LK)
     with pytest.raises(ValueError, match=r"sequence 0 \(Lq=5, Lk=9\).*causal=True is ambiguous"):

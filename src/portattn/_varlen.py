@@ -42,7 +42,7 @@ from ._core._masks import Causal, Structure
 from ._core._modspec import ScoreMod
 from ._core._variant import Variant, build_variant
 from ._lib._checks import check_array, check_flag, check_int, dtype_name, shown
-from ._lib._compat import array_namespace, device_of, is_concrete
+from ._lib._compat import array_namespace, device_of, is_concrete, namespace_library
 from ._lib._convert import to_numpy
 from ._lib._typing import Array, Namespace
 
@@ -188,7 +188,9 @@ def attention_varlen(
         (query, key) pairs in all, without a ``score_mod``, runs as one call
         with a block-diagonal mask built from the offsets, much faster for
         many short sequences (decode steps), equal to the default within
-        rounding but not bit for bit; larger batches run per sequence.
+        rounding but not bit for bit; larger batches run per sequence, and
+        so does a batch whose output is not finite (an inf or NaN key or
+        value, which the one call could spread to the other sequences).
 
     Returns
     -------
@@ -365,6 +367,8 @@ def host_offsets(name: str, offsets: object, *, total: int, bound: object = None
 def _host_ints(name: str, x: object) -> list[int]:
     """A 1-D integer array (any library) or a sequence of ints, as Python ints."""
     if isinstance(x, Sequence) and not isinstance(x, (str, bytes)):
+        if all(type(n) is int for n in x):  # the adapters' offsets: nothing to convert
+            return list(x)
         return [check_int(f"{name}[{i}]", n) for i, n in enumerate(x)]
     if not (hasattr(x, "dtype") and hasattr(x, "shape")):
         msg = f"expected {name} to be a 1-D integer array, got {shown(x)}"
@@ -804,10 +808,45 @@ def run_fused(
     want_lse = check_flag("return_lse", return_lse)
     mask = _fused_mask(starts_q, spans_k, k.shape[0], variant, like=q, xp=xp)
     fused = build_variant(mask=mask, softcap=variant.softcap, sinks=variant.sinks)
+    kernel = _kernel_first(fused, options, want_lse, xp=xp)
     got = attend(
         _heads_first(q, xp=xp), _heads_first(k, xp=xp), _heads_first(v, xp=xp),
-        variant=fused, return_lse=want_lse, xp=xp, **options,
+        variant=fused, return_lse=want_lse, xp=xp, **(options | kernel),
     )  # fmt: skip
     out: Array = got[0] if want_lse else got
     out = xp.permute_dims(out[0, ...], (1, 0, 2))  # (Tq, H, dv)
+    if is_concrete(out) and not bool(xp.all(xp.isfinite(out))):
+        # A key hidden from some row may be inf or NaN, which a kernel reads
+        # (NaN rows) and a materialised product weighs by 0 (0 * inf): each
+        # sequence alone never sees another's keys.
+        kvs = [(k[a : a + n, ...], v[a : a + n, ...]) for a, n in spans_k]
+        return run_sequences(
+            q, starts_q, kvs, variant=variant, options=options, return_lse=want_lse, xp=xp
+        )
     return (out, got[1][0, ...]) if want_lse else out
+
+
+def _kernel_first(
+    fused: Variant, options: dict[str, object], want_lse: bool, *, xp: Namespace
+) -> dict[str, object]:
+    """``{"impl": "native"}`` where the fused call may skip ``impl="auto"``'s check of the keys.
+
+    ``auto`` hands a masked call to torch's SDPA only once every key is
+    finite (a reduction over all keys and a host read, per layer): the
+    fused call checks its output instead (:func:`run_fused`), which is
+    (Tq, H, dv), smaller than the keys in a decode step, and runs the step
+    per sequence in the rare case it is not finite. A hidden inf or NaN key
+    always shows there: the kernel adds ``-inf`` to its score (NaN for NaN
+    or +inf) or weighs its value by 0 (``0 * inf``). In a trace
+    (``torch.compile``) neither is read, as ``auto`` reads no key there.
+    ``{}`` elsewhere: other libraries, other paths, options the kernel
+    lacks, and the lse.
+    """
+    if (
+        options["impl"] != "auto"
+        or want_lse
+        or namespace_library(xp) != "torch"
+        or fused.kernel_lacks() is not None
+    ):
+        return {}
+    return {"impl": "native"}
