@@ -296,3 +296,19 @@ def impls_for(backend: Backend) -> tuple[str, ...]:
     generic = ("materialize", "blockwise")
     kernels = ("torch", "torch_cuda", "jax", "jax32")
     return (*generic, "native") if backend.name in kernels else generic
+
+
+def jitted(backend: Backend, fn: Callable[..., Any], /, **jit_options: Any) -> Callable[..., Any]:
+    """``fn`` under ``jax.jit`` on JAX, ``fn`` itself elsewhere.
+
+    Eager JAX compiles every operation for every new shape: a warm persistent
+    cache still lowers and loads each one (tens of ms of CPU), and one
+    attention call on the blockwise path is dozens of them. Under ``jax.jit``
+    the whole call is one program: one lowering, one load. ``jit_options``
+    go to ``jax.jit`` (``static_argnums``, ...).
+    """
+    if not backend.name.startswith("jax"):
+        return fn
+    import jax
+
+    return jax.jit(fn, **jit_options)

@@ -10,6 +10,8 @@ against a cache of any length.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -17,7 +19,7 @@ import portattn as pa
 import portattn._attention as entry
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, assert_close_on, option_arrays, rtol_for
+from conftest import Backend, assert_close_on, jitted, option_arrays, rtol_for
 
 BIG = 300  # 300 x 300 pairs > 256 x 256: above the materialising size
 CACHE = 256 * 256 + 7  # one query against this many keys: above it too, in pairs
@@ -98,9 +100,10 @@ def test_auto_takes_the_rule_path_and_agrees_with_materialize(backend, rng, spy,
     for dtype in backend.float_dtypes:
         args = [backend.asarray(a, dtype) for a in (q, k, v)]
         spy.clear()
-        got = pa.attention(*args, return_lse=want_lse, **kwargs)
+        run = functools.partial(pa.attention, return_lse=want_lse, **kwargs)
+        got = jitted(backend, run)(*args)
         assert spy == [_expected(backend, torch_path, lq, lk)], (name, dtype)
-        want = pa.attention(*args, impl="materialize", return_lse=want_lse, **kwargs)
+        want = jitted(backend, functools.partial(run, impl="materialize"))(*args)
         if want_lse:
             assert_close(got[1], want[1], rtol=rtol_for(backend, dtype), xp=xp)
             got, want = got[0], want[0]

@@ -11,7 +11,7 @@ from portattn._core._problem import Problem
 from portattn._paths import _blockwise
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, make_qkv, rtol_for
+from conftest import Backend, jitted, make_qkv, rtol_for
 from reference import attention_ref
 
 # Blocks that divide nothing below, so every tile edge is ragged somewhere.
@@ -253,12 +253,12 @@ def test_batch_axes_from_mask_only(backend: Backend, rng):
     mask = rng.random((4, 7, 6)) < 0.7
     want, _ = attention_ref(q, k, v, mask=mask)
     for block in [(3, 4), (16, 2)]:
-        got = pa.attention(
-            *(backend.asarray(a, xp.float64) for a in (q, k, v)),
-            mask=backend.asarray(mask),
-            impl="blockwise",
-            block_size=block,
-        )
+        got = jitted(
+            backend,
+            lambda q, k, v, m, block=block: pa.attention(
+                q, k, v, mask=m, impl="blockwise", block_size=block
+            ),
+        )(*(backend.asarray(a, xp.float64) for a in (q, k, v)), backend.asarray(mask))
         assert_close(got, want, rtol=rtol_for(backend, xp.float64), xp=xp, shape=(4, 7, 6))
 
 

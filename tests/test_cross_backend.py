@@ -12,7 +12,7 @@ import portattn as pa
 from portattn import chapter
 from portattn.testing import max_relative_error, to_numpy
 
-from conftest import backend_names, get_backend
+from conftest import backend_names, get_backend, jitted
 
 PAIRS = list(itertools.combinations(sorted(set(backend_names()) | {"numpy"}), 2))
 
@@ -28,14 +28,12 @@ def _run(name: str, dtype_name: str, impl: str):
     bias = rng.standard_normal((4, 1, 40))
     dtype = getattr(be.xp, dtype_name)
     args = [be.asarray(a, dtype) for a in (q, k, v)]
-    out = pa.attention(
-        *args,
-        mask=be.asarray(mask),
-        bias=be.asarray(bias, dtype),
-        causal="bottom_right",
-        impl=impl,
-        block_size=(8, 16),
-    )
+    out = jitted(
+        be,
+        lambda q, k, v, m, b: pa.attention(
+            q, k, v, mask=m, bias=b, causal="bottom_right", impl=impl, block_size=(8, 16)
+        ),
+    )(*args, be.asarray(mask), be.asarray(bias, dtype))
     out = np.array(to_numpy(out), copy=True)
     out.flags.writeable = False  # shared between tests
     return out

@@ -14,7 +14,7 @@ import pytest
 import portattn as pa
 from portattn.testing import load_backend, to_numpy
 
-from conftest import Backend, assert_close_on, impls_for
+from conftest import Backend, assert_close_on, impls_for, jitted
 from reference import flex_ref
 
 B, H, L, D = 2, 4, 70, 8
@@ -130,11 +130,13 @@ def test_mods_equal_the_formula(
     backend: Backend, rng: np.random.Generator, impl: str, name: str
 ) -> None:
     kw, ref, arrs, (q, k, v) = _case(backend, rng, CASES[name])
-    out, lse = pa.attention(q, k, v, impl=impl, return_lse=True, **kw)
+    out, lse = jitted(
+        backend, lambda q, k, v: pa.attention(q, k, v, impl=impl, return_lse=True, **kw)
+    )(q, k, v)
     want, weights, want_lse = flex_ref(*arrs, **ref)
     assert_close_on(backend, out, want, dtype=backend.xp.float32)
     assert_close_on(backend, lse, want_lse, dtype=backend.xp.float32)
-    got_w = pa.attention_weights(q, k, **kw)
+    got_w = jitted(backend, lambda q, k: pa.attention_weights(q, k, **kw))(q, k)
     assert_close_on(backend, got_w, weights, dtype=backend.xp.float32)
 
 

@@ -10,6 +10,7 @@ tensor torch makes, forward and backward, stay below one repeated K.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from portattn._core._prepare import prepare
 from portattn._core._variant import build_variant
 from portattn.testing import to_numpy
 
-from conftest import Backend, assert_close_on, impls_for
+from conftest import Backend, assert_close_on, impls_for, jitted
 
 B, H, HKV, LQ, LK, D, DV = 2, 6, 2, 5, 9, 4, 3
 G = H // HKV
@@ -121,7 +122,8 @@ def test_every_option_matches_repeated_keys(backend: Backend, rng, case):
                 continue
             if impl == "native" and backend.name.startswith("jax"):
                 continue  # float64 is refused there; jax.nn's GQA is held to below, in float32
-            got = pa.attention(*args, impl=impl, block_size=block_size, **options)
+            call = functools.partial(pa.attention, impl=impl, block_size=block_size, **options)
+            got = jitted(backend, call)(*args)
             if case == "return_lse":
                 assert_close_on(backend, got[0], want[0], dtype=xp.float64)
                 assert_close_on(backend, got[1], want[1], dtype=xp.float64)

@@ -782,7 +782,7 @@ def test_jax_native_grads_finite_when_a_bias_row_is_all_minus_inf(rng, jnp, x64)
             def loss(q, k, v, b):
                 return (pa.attention(q, k, v, bias=b, impl=impl) ** 2).sum()
 
-            return jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, bias)
+            return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, bias)
 
         got, want = grads("native"), grads("materialize")
         for g, w in zip(got, want, strict=True):

@@ -8,7 +8,7 @@ import pytest
 import portattn as pa
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, make_qkv, rtol_for
+from conftest import Backend, jitted, make_qkv, rtol_for
 from reference import allowed_pairs, lse_ref
 
 IMPLS = [
@@ -22,8 +22,8 @@ def test_lse_matches_reference(backend: Backend, rng, impl):
     xp = backend.xp
     q, k, v = make_qkv(rng, 7, 9, d=5, dv=3, batch=(2,))
     for dtype in (xp.float32, xp.float64):
-        out, lse = pa.attention(
-            *(backend.asarray(a, dtype) for a in (q, k, v)), return_lse=True, **impl
+        out, lse = jitted(backend, lambda q, k, v: pa.attention(q, k, v, return_lse=True, **impl))(
+            *(backend.asarray(a, dtype) for a in (q, k, v))
         )
         assert_close(lse, lse_ref(q, k), rtol=rtol_for(backend, dtype), xp=xp, dtype=dtype)
         assert tuple(out.shape) == (2, 7, 3)

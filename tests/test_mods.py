@@ -11,7 +11,7 @@ from portattn import mods
 from portattn._core._modspec import apply_mask_mod, apply_score_mod, tile_indices
 from portattn.testing import to_numpy
 
-from conftest import Backend
+from conftest import Backend, jitted
 
 LQ, LK, H, B = 37, 41, 3, 2
 I = np.arange(LQ)[:, None]  # noqa: E741
@@ -338,7 +338,12 @@ def test_ready_made_mods_through_attention_equal_the_formula(backend: Backend, r
         mask_cases(backend), scores, strict=False
     ):
         mask = pa.create_block_mask(mod, B, H, LQ, LK, block_size=16, xp=xp, device=backend.device)
-        got = pa.attention(*args, score_mod=smod, block_mask=mask, impl=impl, block_size=16)
+        got = jitted(
+            backend,
+            lambda q, k, v, smod=smod, mask=mask: pa.attention(
+                q, k, v, score_mod=smod, block_mask=mask, impl=impl, block_size=16
+            ),
+        )(*args)
         want = dense_attention_or_zero(q, k, v, allowed, formula)
         np.testing.assert_allclose(
             to_numpy(got), want, rtol=1e-10, atol=1e-12, err_msg=f"{name} + {sname}"
