@@ -63,6 +63,7 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         "differentiable_blockwise": "blockwise",  # blockwise with its own backward
         "materialize_attention": "materialize",
         "plain_native": "native",  # a repeat plain torch call's shortcut to the same kernel
+        "plain_materialize": "materialize",  # a repeat plain NumPy call's shortcut to its core
     }
     for name, path in paths.items():
         real = getattr(entry, name, None)
@@ -270,3 +271,46 @@ def test_repeat_plain_torch_call_gives_the_kernel_path_bits(hkv):
     assert torch.equal(first, again) and torch.equal(again, native)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert pa.attention(q, k, v, scale=0.3).dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("hkv", "lq"), [(2, 1), (8, 1), (2, 16), (8, 16)])
+def test_repeat_plain_numpy_call_gives_the_materialising_bits(monkeypatch, hkv, lq, dtype):
+    """A repeat plain NumPy call takes the memoised shortcut: the bits of impl='materialize'."""
+    from portattn._core import _prepare
+    from portattn._core._variant import build_variant
+
+    taken: list[str] = []
+    for name in ("plain_materialize", "materialize_attention"):
+        real = getattr(entry, name)
+
+        def wrapper(*args, _real=real, _name=name, **kwargs):
+            taken.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(entry, name, wrapper)
+    gen = np.random.default_rng(0)
+    q = gen.standard_normal((2, 8, lq, 16)).astype(dtype)
+    k, v = (gen.standard_normal((2, hkv, 33, 16)).astype(dtype) for _ in range(2))
+    kept = [x.copy() for x in (q, k, v)]
+    _prepare._PLANS.clear()
+    first = pa.attention(q, k, v, scale=0.3)  # validates, and memoises the plan
+    assert taken == ["materialize_attention"]
+    assert _prepare.plain_plan(q, k, v, build_variant(), 0.3) is not None
+    again = pa.attention(q, k, v, scale=0.3)
+    chosen = pa.attention(q, k, v, scale=0.3, impl="materialize")
+    assert taken == ["materialize_attention", "plain_materialize", "plain_materialize"]
+    assert again.dtype == dtype and again.shape == (2, 8, lq, 16)
+    assert np.array_equal(first, again) and np.array_equal(again, chosen)
+    blockwise = pa.attention(q, k, v, scale=0.3, impl="blockwise")  # no shortcut: prepare, solve
+    assert len(taken) == 3
+    for got, was in zip((q, k, v), kept, strict=True):
+        assert np.array_equal(got, was)  # inputs never written
+    # The formula, on K and V repeated per query head (an outside oracle).
+    kr, vr = (np.repeat(x, 8 // hkv, axis=1).astype(np.float64) for x in (k, v))
+    s = 0.3 * q.astype(np.float64) @ np.swapaxes(kr, -1, -2)
+    w = np.exp(s - s.max(axis=-1, keepdims=True))
+    want = (w / w.sum(axis=-1, keepdims=True)) @ vr
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(again, want, rtol=rtol, atol=rtol)
+    np.testing.assert_allclose(blockwise, want, rtol=rtol, atol=rtol)

@@ -26,9 +26,9 @@ from ._lib._compat import array_namespace, namespace_library
 from ._lib._precision import narrow, torch_autocast_off
 from ._lib._typing import Array, Namespace
 from ._lib._vocabulary import sdpa_names
-from ._paths._auto import auto_impl, plain_kernel
+from ._paths._auto import auto_impl, plain_kernel, plain_materializes
 from ._paths._invariant import invariant_attention
-from ._paths._materialize import materialize_attention, materialize_weights
+from ._paths._materialize import materialize_attention, materialize_weights, plain_materialize
 from ._paths._native import native_attention, plain_native
 
 __all__ = ["IMPLS", "Impl", "attend", "attention", "attention_weights", "solve", "solve_weights"]
@@ -415,18 +415,51 @@ def attend(
     # torch's kernel takes the scale itself: q is scaled in solve, and only
     # if another path runs (the product took a fifth of a torch call at the
     # chapter's size, and a prefill pays a pass over q).
+    lib = namespace_library(xp)
     defer = value is not None and isinstance(impl, str) and impl in ("auto", "native")
-    defer = defer and namespace_library(xp) == "torch"
-    if defer and impl == "auto" and block_size is None and return_lse is False:
-        # A repeat plain call (a decode step's) goes straight to the kernel:
+    defer = defer and lib == "torch"
+    if value is not None and block_size is None and return_lse is False:
+        # A repeat plain call (a decode step's) goes straight to the maths:
         # its checks were memoised on its dtypes, shapes, devices and options.
-        plain = plain_kernel(query, key, value, variant, scale)
-        if plain is not None:
-            return plain_native(query, key, value, *plain)
+        out = _plain_call(query, key, value, variant, scale, impl, lib=lib, xp=xp)
+        if out is not None:
+            return out
     p = prepare(query, key, value, variant, scale=scale, xp=xp, scale_q=not defer)
     if value is None:
         return solve_weights(p, xp=xp)
     return solve(p, impl=impl, block_size=block_size, return_lse=return_lse, xp=xp)
+
+
+def _plain_call(
+    query: Array,
+    key: Array,
+    value: Array,
+    variant: Variant,
+    scale: object,
+    impl: object,
+    *,
+    lib: str,
+    xp: Namespace,
+) -> Array | None:
+    """The output of a repeat plain call, straight from its memoised plan; else ``None``.
+
+    On torch ``"auto"`` hands it to SDPA (:func:`plain_kernel`), on NumPy
+    ``"auto"`` and ``"materialize"`` to the materialising path's core
+    (:func:`plain_materializes`): what :func:`solve` would run, without
+    the :class:`Problem`. Any other call goes through :func:`prepare`.
+    """
+    if not isinstance(impl, str):
+        return None
+    if lib == "torch" and impl == "auto":
+        kernel = plain_kernel(query, key, value, variant, scale)
+        return None if kernel is None else plain_native(query, key, value, *kernel)
+    if lib != "numpy" or impl not in ("auto", "materialize"):
+        return None
+    plain = plain_materializes(query, key, value, variant, scale, impl)
+    if plain is None:
+        return None
+    scale_value, groups = plain
+    return plain_materialize(query * scale_value, key, value, groups, xp=xp)[0]
 
 
 def solve(

@@ -20,6 +20,7 @@ __all__ = [
     "TORCH_MATERIALIZE_GQA_DECODE",
     "auto_impl",
     "plain_kernel",
+    "plain_materializes",
 ]
 
 # Below this many (query, key) pairs per batch entry, materialising the score
@@ -55,10 +56,14 @@ def auto_impl(p: Problem, *, lib: str, want_lse: bool, xp: Namespace) -> str:
         )
     ):
         return "native"
-    long = s.lq * s.lk > MATERIALIZE_MAX_PAIRS and s.lq > MATERIALIZE_ANY_LK_AT_LQ
-    if long or _has_empty_tiles(p):
+    if _long(s.lq, s.lk) or _has_empty_tiles(p):
         return "blockwise"
     return "materialize"
+
+
+def _long(lq: int, lk: int) -> bool:
+    """Whether the score matrix is too large to form whole: the blockwise path's calls."""
+    return lq * lk > MATERIALIZE_MAX_PAIRS and lq > MATERIALIZE_ANY_LK_AT_LQ
 
 
 def _grouped_decode(p: Problem) -> bool:
@@ -99,6 +104,27 @@ def plain_kernel(
         return None  # _grouped_decode: the materialising path
     if torch_autocast_off(device) is not None:
         return None
+    return scale_value, groups
+
+
+def plain_materializes(
+    query: Array, key: Array, value: Array, variant: Variant, scale: object, impl: str
+) -> tuple[float, int] | None:
+    """``(scale, groups)`` for a repeat call ``impl`` sends to the materialising path as it is.
+
+    ``impl`` is ``"auto"`` or ``"materialize"``; ``None`` where the call is
+    not a memoised plain one (:func:`plain_plan`, as for :func:`plain_kernel`)
+    or ``"auto"`` takes another path for it. The caller passes q scaled, k
+    and v to :func:`~portattn._paths._materialize.plain_materialize`, the
+    core of ``materialize_attention`` for such a call (the same bits). For
+    NumPy, whose calls :func:`auto_impl` sends to no kernel.
+    """
+    plan = plain_plan(query, key, value, variant, scale)
+    if plan is None:
+        return None
+    scale_value, groups, _, s, _, _ = plan
+    if impl == "auto" and _long(s.lq, s.lk):
+        return None  # auto_impl: the blockwise path
     return scale_value, groups
 
 

@@ -12,7 +12,7 @@ from .._core._softmax import add_sink, lse_from, masked_exp, masked_softmax, non
 from .._lib._compat import matrix_transpose
 from .._lib._typing import Array, Namespace
 
-__all__ = ["materialize_attention", "materialize_weights"]
+__all__ = ["materialize_attention", "materialize_weights", "plain_materialize"]
 
 
 def _scores(p: Problem, *, xp: Namespace) -> tuple[Array, Array | None, bool]:
@@ -33,6 +33,40 @@ def materialize_attention(
     s = p.structure
     if s.lk == 0:
         return empty_result(p, xp=xp)
+    if _plain(p):
+        out, row_max, total = plain_materialize(p.q, p.k, p.v, p.groups, xp=xp)
+    else:
+        out, row_max, total = _weighted(p, xp=xp)
+    out = expand(out, (*p.batch, s.lq, p.v.shape[-1]), xp=xp)
+    if not want_lse:
+        return out, None
+    return out, expand(lse_from(row_max, total, xp=xp), (*p.batch, s.lq), xp=xp)  # (..., Lq)
+
+
+def plain_materialize(
+    q: Array, k: Array, v: Array, groups: int, *, xp: Namespace
+) -> tuple[Array, Array, Array]:
+    """``softmax(q kᵀ) v`` for a scaled ``q`` with nothing hiding a pair or changing a score.
+
+    Returns the output (..., Lq, dv), the row max and the row sum (..., Lq, 1).
+    The core of :func:`materialize_attention` for a plain call, and all of
+    a repeat plain NumPy call (``attend``'s shortcut): one function, so the
+    two give the same bits. ``k`` and ``v`` have ``H / groups`` heads.
+    """
+    scores = grouped_matmul(q, matrix_transpose(k, xp=xp), groups, xp=xp)  # (..., Lq, Lk)
+    # No -inf anywhere, so no row is empty: the guards for that are skipped.
+    e, row_max, total = masked_exp(scores, None, xp=xp, may_hide=False)
+    return grouped_matmul(e, v, groups, xp=xp) / total, row_max, total
+
+
+def _plain(p: Problem) -> bool:
+    """No mask, bias, lengths, mods, hiding positions, softcap or sinks: the scores are q kᵀ."""
+    va = p.variant
+    return va.positions_only and p.structure.trivial and va.kernel_lacks() is None
+
+
+def _weighted(p: Problem, *, xp: Namespace) -> tuple[Array, Array, Array]:
+    """:func:`plain_materialize` for any ``p``: output (..., Lq, dv), row max and row sum."""
     scores, allowed, may_hide = _scores(p, xp=xp)
     # Positions alone (no mask, lengths or bias) leave every row a key: no
     # row sums to 0, and the guards for that case are skipped.
@@ -48,10 +82,7 @@ def materialize_attention(
         hides = (may_hide or allowed is not None) and not full_rows
         ev = grouped_matmul(e, p.v, p.groups, xp=xp)  # (..., Lq, dv)
         out = ev / (nonzero(total, xp=xp) if hides else total)
-    out = expand(out, (*p.batch, s.lq, p.v.shape[-1]), xp=xp)
-    if not want_lse:
-        return out, None
-    return out, expand(lse_from(row_max, total, xp=xp), (*p.batch, s.lq), xp=xp)  # (..., Lq)
+    return out, row_max, total
 
 
 def materialize_weights(p: Problem, *, xp: Namespace) -> Array:
