@@ -29,13 +29,14 @@ def _chapter_once(shared_pages: Any) -> tuple[Any, Visit]:
 
 
 @pytest.fixture
-def chapter_page(_chapter_once: tuple[Any, Visit]) -> tuple[Any, Visit]:
-    """The chapter, opened once for all its tests; each starts with the causal mask on.
+def chapter_page(_chapter_once: tuple[Any, Visit], shared_pages: Any) -> tuple[Any, Visit]:
+    """The chapter, opened once for all its tests; each starts in light, with the causal mask on.
 
     The tests click the widget, never reload: what one leaves behind (a
-    selected row, the mask off) is set back here, or read by none.
+    selected row, the mask off, the dark scheme a scheme test switched to)
+    is set back here, or read by none.
     """
-    page, _ = _chapter_once
+    page, _ = shared_pages.open("chapter/", DESKTOP, "light")  # back from dark
     toggle = page.locator(".pa-heatmap .pa-hm-toggle")
     if toggle.get_attribute("aria-checked") != "true":
         toggle.click()

@@ -46,7 +46,9 @@ def scaling(init: str, dims: tuple[int, ...] = TABLE_DIMS) -> tuple[chapter.Scal
     arguments (``sitegen.diskcache``): the 32 trials per width took 16 s of a
     cold profiled build, and the browser tests ask for the table again.
     """
-    key = code_key(__file__, libraries=("numpy",), extra=f"{init} {dims} {SEQ_LEN}")
+    key = code_key(
+        __file__, libraries=("numpy", "array-api-compat"), extra=f"{init} {dims} {SEQ_LEN}"
+    )
     path = cache_dir("scaling") / f"{init}-{key}.json"
     if path.is_file():
         rows = json.loads(path.read_text(encoding="utf-8"))

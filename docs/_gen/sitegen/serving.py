@@ -297,7 +297,10 @@ def invariance() -> dict[tuple[str, str], tuple[bool, bool, float, float]]:
     ran in a cold build (under cProfile, 2 loaded cores), the most of any
     uncached table.
     """
-    key = code_key(__file__, libraries=("numpy", "torch", "jax", "array-api-strict"))
+    key = code_key(
+        __file__,
+        libraries=("numpy", "torch", "jax", "jaxlib", "array-api-strict", "array-api-compat"),
+    )
     path = cache_dir("serving") / f"invariance-{key}.json"
     if path.is_file():
         stored = json.loads(path.read_text(encoding="utf-8"))
