@@ -12,6 +12,7 @@ import torch
 
 import portattn as pa
 from portattn import _attention
+from portattn._core import _prepare
 from portattn._lib import _compat
 from portattn.testing import assert_close, to_numpy
 
@@ -161,6 +162,10 @@ def test_gqa_never_repeats_keys_or_values(backend: Backend, rng, monkeypatch):
         return real(p, **kw)
 
     monkeypatch.setattr(_attention, "solve", spy)  # attend's second half
+    # An empty plan memo: a repeat of these shapes (another backend's case in
+    # this worker) would go to the kernel from its plan, past solve, with the
+    # same k and v (the shortcut repeats nothing either: test_auto pins it).
+    monkeypatch.setattr(_prepare, "_PLANS", {})
     mha = pa.MultiHeadAttention.random(
         D, 6, num_kv_heads=2, d_head=4, xp=backend.xp, device=backend.device
     )
