@@ -267,7 +267,10 @@ def test_repeat_plain_torch_call_gives_the_kernel_path_bits(monkeypatch, hkv):
     _prepare._PLANS.clear()
     first = pa.attention(q, k, v, scale=0.3)  # validates, and memoises the plan
     assert taken == ["native_attention"]
-    assert _prepare.plain_plan(q, k, v, pa._core._variant.build_variant(), 0.3) is not None
+    assert (
+        _prepare.plain_plan(q, k, v, variant=pa._core._variant.build_variant(), scale=0.3)
+        is not None
+    )
     again = pa.attention(q, k, v, scale=0.3)
     assert taken == ["native_attention", "plain_native"]
     native = pa.attention(q, k, v, scale=0.3, impl="native")
@@ -406,7 +409,7 @@ def test_repeat_plain_numpy_call_gives_the_materialising_bits(monkeypatch, hkv, 
     _prepare._PLANS.clear()
     first = pa.attention(q, k, v, scale=0.3)  # validates, and memoises the plan
     assert taken == ["materialize_attention"]
-    assert _prepare.plain_plan(q, k, v, build_variant(), 0.3) is not None
+    assert _prepare.plain_plan(q, k, v, variant=build_variant(), scale=0.3) is not None
     again = pa.attention(q, k, v, scale=0.3)
     chosen = pa.attention(q, k, v, scale=0.3, impl="materialize")
     assert taken == ["materialize_attention", "plain_materialize", "plain_materialize"]

@@ -421,7 +421,9 @@ def attend(
     if value is not None and block_size is None and return_lse is False:
         # A repeat plain call (a decode step's) goes straight to the maths:
         # its checks were memoised on its dtypes, shapes, devices and options.
-        out = _plain_call(query, key, value, variant, scale, impl, lib=lib, xp=xp)
+        out = _plain_call(
+            query, key, value, variant=variant, scale=scale, impl=impl, lib=lib, xp=xp
+        )
         if out is not None:
             return out
     p = prepare(query, key, value, variant, scale=scale, xp=xp, scale_q=not defer)
@@ -434,10 +436,11 @@ def _plain_call(
     query: Array,
     key: Array,
     value: Array,
+    /,
+    *,
     variant: Variant,
     scale: object,
     impl: object,
-    *,
     lib: str,
     xp: Namespace,
 ) -> Array | None:
@@ -451,15 +454,17 @@ def _plain_call(
     if not isinstance(impl, str):
         return None
     if lib == "torch" and impl == "auto":
-        kernel = plain_kernel(query, key, value, variant, scale)
-        return None if kernel is None else plain_native(query, key, value, *kernel)
+        kernel = plain_kernel(query, key, value, variant=variant, scale=scale)
+        if kernel is None:
+            return None
+        return plain_native(query, key, value, scale=kernel[0], groups=kernel[1])
     if lib != "numpy" or impl not in ("auto", "materialize"):
         return None
-    plain = plain_materializes(query, key, value, variant, scale, impl)
+    plain = plain_materializes(query, key, value, variant=variant, scale=scale, impl=impl)
     if plain is None:
         return None
     scale_value, groups = plain
-    return plain_materialize(query * scale_value, key, value, groups, xp=xp)[0]
+    return plain_materialize(query * scale_value, key, value, groups=groups, xp=xp)[0]
 
 
 def solve(

@@ -73,9 +73,10 @@ def _structure(lq: int, lk: int, causal: bool | Align, window: tuple[int, int] |
 
 # What _validate decides: batch, structure, output dtype, compute dtype,
 # device, scale, the variant laid out for the paths, the query heads per
-# key/value head, and the feature size d where a fused kernel may take the
-# inputs as they are (plain_kernel_call), else 0. Memoised for NumPy and
-# eager torch calls without array options (their variant holds no array).
+# key/value head, and the feature size d where a repeat call's shortcut may
+# take the inputs as they are (_paths/_auto.plain_kernel and
+# plain_materializes), else 0. Memoised for NumPy and eager torch calls
+# without array options (their variant holds no array).
 _Plan = tuple[tuple[int, ...], Structure, DType, DType, Device, float, Variant, int, int]
 _PLANS: dict[tuple[object, ...], _Plan] = {}
 
@@ -223,7 +224,16 @@ def _validate(
         out_dtype = xp.result_type(*(x.dtype for _, x in arrays))
     work = compute_dtype(out_dtype, xp=xp)
     variant = _laid_out(asked, options, len(batch), work, (lq, lk), xp=xp, device=dev)
-    d_plain = _plain_d(query, key, value, batch, groups, work, variant, structure)
+    d_plain = _plain_d(
+        query,
+        key,
+        value,
+        batch=batch,
+        groups=groups,
+        work=work,
+        variant=variant,
+        structure=structure,
+    )
     return batch, structure, out_dtype, work, dev, scale_value, variant, groups, d_plain
 
 
@@ -231,6 +241,8 @@ def _plain_d(
     query: Array,
     key: Array,
     value: Array | None,
+    /,
+    *,
     batch: tuple[int, ...],
     groups: int,
     work: DType,
@@ -302,7 +314,7 @@ def prepare(
 
 
 def plain_plan(
-    query: Array, key: Array, value: Array, variant: Variant, scale: object
+    query: Array, key: Array, value: Array, /, *, variant: Variant, scale: object
 ) -> tuple[float, int, tuple[int, ...], Structure, int, Device] | None:
     """``(scale, groups, batch, structure, d, device)`` of a repeat call a kernel takes as it is.
 

@@ -52,12 +52,12 @@ def auto_impl(p: Problem, *, lib: str, want_lse: bool, xp: Namespace) -> str:
     """
     s = p.structure
     return rule_path(
-        lib,
-        p.groups,
-        p.batch,
-        s.lq,
-        s.lk,
-        p.q.shape[-1],
+        lib=lib,
+        groups=p.groups,
+        batch=p.batch,
+        lq=s.lq,
+        lk=s.lk,
+        d=p.q.shape[-1],
         delegates=lambda: auto_delegates(
             p, return_lse=want_lse, materialize_max_pairs=MATERIALIZE_MAX_PAIRS, xp=xp
         ),
@@ -66,14 +66,13 @@ def auto_impl(p: Problem, *, lib: str, want_lse: bool, xp: Namespace) -> str:
 
 
 def rule_path(
+    *,
     lib: str,
     groups: int,
     batch: tuple[int, ...],
     lq: int,
     lk: int,
     d: int,
-    /,
-    *,
     delegates: Callable[[], bool],
     empty_tiles: Callable[[], bool],
 ) -> str:
@@ -87,7 +86,11 @@ def rule_path(
     whether a block mask leaves a tile empty; each is asked only where the
     rule needs it (the first reads the keys, the second the mask's tiles).
     """
-    if lib == "torch" and not _grouped_decode(groups, batch, lq, lk, d) and delegates():
+    if (
+        lib == "torch"
+        and not _grouped_decode(groups=groups, batch=batch, lq=lq, lk=lk, d=d)
+        and delegates()
+    ):
         return "native"
     if _long(lq, lk) or empty_tiles():
         return "blockwise"
@@ -107,7 +110,7 @@ def _long(lq: int, lk: int) -> bool:
     return lq * lk > MATERIALIZE_MAX_PAIRS and lq > MATERIALIZE_ANY_LK_AT_LQ
 
 
-def _grouped_decode(groups: int, batch: tuple[int, ...], lq: int, lk: int, d: int) -> bool:
+def _grouped_decode(*, groups: int, batch: tuple[int, ...], lq: int, lk: int, d: int) -> bool:
     """One query per row against grouped keys large enough that materialising beats SDPA."""
     if groups == 1 or lq != MATERIALIZE_ANY_LK_AT_LQ:
         return False
@@ -118,7 +121,7 @@ def _grouped_decode(groups: int, batch: tuple[int, ...], lq: int, lk: int, d: in
 
 
 def plain_kernel(
-    query: Array, key: Array, value: Array, variant: Variant, scale: object
+    query: Array, key: Array, value: Array, /, *, variant: Variant, scale: object
 ) -> tuple[float, int] | None:
     """``(scale, groups)`` for a repeat torch call ``auto`` sends to SDPA as it is; else ``None``.
 
@@ -133,18 +136,27 @@ def plain_kernel(
     mask. Under ``torch.autocast`` it is ``None``: the call goes the whole
     way, which turns autocast off.
     """
-    plan = plain_plan(query, key, value, variant, scale)
+    plan = plain_plan(query, key, value, variant=variant, scale=scale)
     if plan is None:
         return None
     scale_value, groups, batch, s, d, device = plan
-    path = rule_path("torch", groups, batch, s.lq, s.lk, d, delegates=_yes, empty_tiles=_no)
+    path = rule_path(
+        lib="torch",
+        groups=groups,
+        batch=batch,
+        lq=s.lq,
+        lk=s.lk,
+        d=d,
+        delegates=_yes,
+        empty_tiles=_no,
+    )
     if path != "native" or torch_autocast_off(device) is not None:
         return None
     return scale_value, groups
 
 
 def plain_materializes(
-    query: Array, key: Array, value: Array, variant: Variant, scale: object, impl: str
+    query: Array, key: Array, value: Array, /, *, variant: Variant, scale: object, impl: str
 ) -> tuple[float, int] | None:
     """``(scale, groups)`` for a repeat call ``impl`` sends to the materialising path as it is.
 
@@ -155,12 +167,21 @@ def plain_materializes(
     core of ``materialize_attention`` for such a call (the same bits). For
     NumPy, whose calls :func:`auto_impl` sends to no kernel.
     """
-    plan = plain_plan(query, key, value, variant, scale)
+    plan = plain_plan(query, key, value, variant=variant, scale=scale)
     if plan is None:
         return None
     scale_value, groups, batch, s, d, _ = plan
     if impl == "auto":
-        path = rule_path("numpy", groups, batch, s.lq, s.lk, d, delegates=_no, empty_tiles=_no)
+        path = rule_path(
+            lib="numpy",
+            groups=groups,
+            batch=batch,
+            lq=s.lq,
+            lk=s.lk,
+            d=d,
+            delegates=_no,
+            empty_tiles=_no,
+        )
         if path != "materialize":
             return None  # auto_impl: the blockwise path
     return scale_value, groups
