@@ -259,6 +259,7 @@ def test_repeat_plain_torch_call_gives_the_kernel_path_bits(monkeypatch, hkv):
     """A repeat plain call takes the memoised shortcut to SDPA: the bits of impl='native'."""
     torch = pytest.importorskip("torch")
     from portattn._core import _prepare
+    from portattn._core._variant import build_variant
 
     taken = _record(monkeypatch, "plain_native", "native_attention")
     gen = torch.Generator().manual_seed(0)
@@ -268,7 +269,7 @@ def test_repeat_plain_torch_call_gives_the_kernel_path_bits(monkeypatch, hkv):
     first = pa.attention(q, k, v, scale=0.3)  # validates, and memoises the plan
     assert taken == ["native_attention"]
     assert (
-        _prepare.plain_plan(q, k, v, variant=pa._core._variant.build_variant(), scale=0.3)
+        _prepare.plain_plan(memo=_prepare.plan_key(q, k, v, variant=build_variant(), scale=0.3))
         is not None
     )
     again = pa.attention(q, k, v, scale=0.3)
@@ -409,7 +410,10 @@ def test_repeat_plain_numpy_call_gives_the_materialising_bits(monkeypatch, hkv, 
     _prepare._PLANS.clear()
     first = pa.attention(q, k, v, scale=0.3)  # validates, and memoises the plan
     assert taken == ["materialize_attention"]
-    assert _prepare.plain_plan(q, k, v, variant=build_variant(), scale=0.3) is not None
+    assert (
+        _prepare.plain_plan(memo=_prepare.plan_key(q, k, v, variant=build_variant(), scale=0.3))
+        is not None
+    )
     again = pa.attention(q, k, v, scale=0.3)
     chosen = pa.attention(q, k, v, scale=0.3, impl="materialize")
     assert taken == ["materialize_attention", "plain_materialize", "plain_materialize"]

@@ -11,9 +11,8 @@ from collections.abc import Callable
 from .._core._flex import EMPTY
 from .._core._prepare import plain_plan
 from .._core._problem import Problem
-from .._core._variant import Variant
 from .._lib._precision import torch_autocast_off
-from .._lib._typing import Array, Namespace
+from .._lib._typing import Namespace
 from ._native import auto_delegates
 
 __all__ = [
@@ -120,12 +119,11 @@ def _grouped_decode(*, groups: int, batch: tuple[int, ...], lq: int, lk: int, d:
     return work >= TORCH_MATERIALIZE_GQA_DECODE
 
 
-def plain_kernel(
-    query: Array, key: Array, value: Array, /, *, variant: Variant, scale: object
-) -> tuple[float, int] | None:
+def plain_kernel(*, memo: tuple[object, ...]) -> tuple[float, int] | None:
     """``(scale, groups)`` for a repeat torch call ``auto`` sends to SDPA as it is; else ``None``.
 
-    A decode step makes the same plain call on every token, and its kernel
+    ``memo`` is the call's :func:`~portattn._core._prepare.plan_key`. A
+    decode step makes the same plain call on every token, and its kernel
     takes about 30 us: the path through :class:`Problem`, the rule above and
     ``native_attention`` cost it as much again. A call whose memoised
     plan (:func:`plain_plan`: checked; q, k and v 4-D in the compute dtype;
@@ -136,7 +134,7 @@ def plain_kernel(
     mask. Under ``torch.autocast`` it is ``None``: the call goes the whole
     way, which turns autocast off.
     """
-    plan = plain_plan(query, key, value, variant=variant, scale=scale)
+    plan = plain_plan(memo=memo)
     if plan is None:
         return None
     scale_value, groups, batch, s, d, device = plan
@@ -155,9 +153,7 @@ def plain_kernel(
     return scale_value, groups
 
 
-def plain_materializes(
-    query: Array, key: Array, value: Array, /, *, variant: Variant, scale: object, impl: str
-) -> tuple[float, int] | None:
+def plain_materializes(*, memo: tuple[object, ...], impl: str) -> tuple[float, int] | None:
     """``(scale, groups)`` for a repeat call ``impl`` sends to the materialising path as it is.
 
     ``impl`` is ``"auto"`` or ``"materialize"``; ``None`` where the call is
@@ -167,7 +163,7 @@ def plain_materializes(
     core of ``materialize_attention`` for such a call (the same bits). For
     NumPy, whose calls :func:`auto_impl` sends to no kernel.
     """
-    plan = plain_plan(query, key, value, variant=variant, scale=scale)
+    plan = plain_plan(memo=memo)
     if plan is None:
         return None
     scale_value, groups, batch, s, d, _ = plan
