@@ -255,22 +255,144 @@ def test_auto_materialises_a_large_grouped_decode_step_on_torch(rng, spy, monkey
 
 
 @pytest.mark.parametrize("hkv", [2, 8])
-def test_repeat_plain_torch_call_gives_the_kernel_path_bits(hkv):
+def test_repeat_plain_torch_call_gives_the_kernel_path_bits(monkeypatch, hkv):
     """A repeat plain call takes the memoised shortcut to SDPA: the bits of impl='native'."""
     torch = pytest.importorskip("torch")
     from portattn._core import _prepare
+    from portattn._core._variant import build_variant
 
+    taken = _record(monkeypatch, "plain_native", "native_attention")
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(2, 8, 1, 16, generator=gen)
     k, v = (torch.randn(2, hkv, 33, 16, generator=gen) for _ in range(2))
     _prepare._PLANS.clear()
     first = pa.attention(q, k, v, scale=0.3)  # validates, and memoises the plan
-    assert _prepare.plain_plan(q, k, v, pa._core._variant.build_variant(), 0.3) is not None
+    assert taken == ["native_attention"]
+    assert (
+        _prepare.plain_plan(memo=_prepare.plan_key(q, k, v, variant=build_variant(), scale=0.3))
+        is not None
+    )
     again = pa.attention(q, k, v, scale=0.3)
+    assert taken == ["native_attention", "plain_native"]
     native = pa.attention(q, k, v, scale=0.3, impl="native")
     assert torch.equal(first, again) and torch.equal(again, native)
+    taken.clear()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert pa.attention(q, k, v, scale=0.3).dtype == torch.float32
+        cast = pa.attention(q, k, v, scale=0.3)
+    assert taken == ["native_attention"]  # autocast: the whole way, which turns it off
+    assert cast.dtype == torch.float32 and torch.equal(cast, first)
+
+
+@pytest.mark.parametrize("hkv", [2, 8])
+def test_repeat_plain_torch_call_gives_the_kernel_path_gradients(monkeypatch, hkv):
+    """The shortcut keeps autograd's graph: a repeat call's q, k and v gradients are the first's."""
+    torch = pytest.importorskip("torch")
+    from portattn._core import _prepare
+
+    taken = _record(monkeypatch, "plain_native", "native_attention")
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 8, 3, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+    k, v = (
+        torch.randn(2, hkv, 33, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+        for _ in range(2)
+    )
+    d_out = torch.randn(2, 8, 3, 16, generator=gen, dtype=torch.float64)
+    _prepare._PLANS.clear()
+    outs, grads = [], []
+    for _ in range(2):
+        out = pa.attention(q, k, v, scale=0.3)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out, (q, k, v), d_out))
+    assert taken == ["native_attention", "plain_native"]
+    assert torch.equal(outs[0], outs[1])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+
+
+def _record(monkeypatch: pytest.MonkeyPatch, *names: str) -> list[str]:
+    """Records which of the entry's functions ``names`` run, in order."""
+    taken: list[str] = []
+    for name in names:
+        real = getattr(entry, name)
+
+        def wrapper(*args, _real=real, _name=name, **kwargs):
+            taken.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(entry, name, wrapper)
+    return taken
+
+
+_SHORTCUTS = {"plain_native": "native", "plain_materialize": "materialize"}
+_FULL = {
+    "native_attention": "native",
+    "blockwise_attention": "blockwise",
+    "materialize_attention": "materialize",
+}
+
+
+def _twice(monkeypatch, run, args) -> tuple[list[str], list[str]]:
+    """The entry functions a first call (plans forgotten) and a repeat call of ``run`` ran."""
+    from portattn._core import _prepare
+
+    taken = _record(monkeypatch, *_SHORTCUTS, *_FULL)
+    _prepare._PLANS.clear()
+    run(*args)
+    first = list(taken)
+    taken.clear()
+    run(*args)
+    return first, list(taken)
+
+
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype int64:UserWarning")
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_auto_takes_the_same_path_on_a_repeat_call(backend, rng, monkeypatch, name):
+    """A repeat call takes the first call's path: the memoised shortcut (a plain call on NumPy
+    or torch) applies auto's rule as the whole way does, so its copy of the rule cannot drift."""
+    from portattn._lib._compat import namespace_library
+
+    lib = namespace_library(backend.xp)
+    if lib not in ("numpy", "torch"):
+        pytest.skip("no memoised shortcut on this library: every call goes the whole way")
+    kw, lq, lk, torch_path = CASES[name]
+    kw = dict(kw)
+    want_lse = kw.pop("return_lse", False)
+    needs_arrays = any(v in ("m", "b", "kl", "ql") for v in kw.values())
+    kwargs = option_arrays(backend, rng, kw, lq, lk) if needs_arrays else kw
+    q, k, v = (rng.standard_normal((2, 3, n, 8)) for n in (lq, lk, lk))
+    path = _expected(backend, torch_path, lq, lk)
+    # Only a plain call (no option but the scale) has a shortcut, on the path auto takes for it.
+    shortcut = not want_lse and set(kw) <= {"scale"} and path != "blockwise"
+    run = functools.partial(pa.attention, return_lse=want_lse, **kwargs)
+    for dtype in backend.float_dtypes:
+        args = [backend.asarray(a, dtype) for a in (q, k, v)]
+        first, again = _twice(monkeypatch, run, args)
+        assert [_FULL[n] for n in first] == [path], (name, dtype)
+        paths = [_SHORTCUTS.get(n) or _FULL[n] for n in again]
+        assert paths == [path], (name, dtype, again)
+        # A half dtype computes in float32: the whole way, which casts.
+        plain = shortcut and dtype in (backend.xp.float32, backend.xp.float64)
+        assert (again[0] in _SHORTCUTS) == plain, (name, dtype, again)
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("shape", sorted(GROUPED_DECODE))
+def test_auto_takes_the_same_grouped_decode_path_on_a_repeat_call(rng, monkeypatch, shape):
+    """torch's grouped-decode threshold holds for a repeat call too: the shortcut takes SDPA
+    exactly where the whole way does, and a materialising step stays materialising."""
+    torch = pytest.importorskip("torch")
+    from portattn._paths import _auto
+
+    b, h, hkv, lq, lk, d = shape
+    q, k, v = (
+        torch.tensor(rng.standard_normal((b, n, length, d)))
+        for n, length in ((h, lq), (hkv, lk), (hkv, lk))
+    )
+    monkeypatch.setattr(_auto, "TORCH_MATERIALIZE_GQA_DECODE", 2 * 8 * 64 * 16)
+    first, again = _twice(monkeypatch, pa.attention, (q, k, v))
+    path = GROUPED_DECODE[shape]
+    assert [_FULL[n] for n in first] == [path]
+    assert again == (["plain_native"] if path == "native" else first)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -280,15 +402,7 @@ def test_repeat_plain_numpy_call_gives_the_materialising_bits(monkeypatch, hkv, 
     from portattn._core import _prepare
     from portattn._core._variant import build_variant
 
-    taken: list[str] = []
-    for name in ("plain_materialize", "materialize_attention"):
-        real = getattr(entry, name)
-
-        def wrapper(*args, _real=real, _name=name, **kwargs):
-            taken.append(_name)
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(entry, name, wrapper)
+    taken = _record(monkeypatch, "plain_materialize", "materialize_attention")
     gen = np.random.default_rng(0)
     q = gen.standard_normal((2, 8, lq, 16)).astype(dtype)
     k, v = (gen.standard_normal((2, hkv, 33, 16)).astype(dtype) for _ in range(2))
@@ -296,7 +410,10 @@ def test_repeat_plain_numpy_call_gives_the_materialising_bits(monkeypatch, hkv, 
     _prepare._PLANS.clear()
     first = pa.attention(q, k, v, scale=0.3)  # validates, and memoises the plan
     assert taken == ["materialize_attention"]
-    assert _prepare.plain_plan(q, k, v, build_variant(), 0.3) is not None
+    assert (
+        _prepare.plain_plan(memo=_prepare.plan_key(q, k, v, variant=build_variant(), scale=0.3))
+        is not None
+    )
     again = pa.attention(q, k, v, scale=0.3)
     chosen = pa.attention(q, k, v, scale=0.3, impl="materialize")
     assert taken == ["materialize_attention", "plain_materialize", "plain_materialize"]

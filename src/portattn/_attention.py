@@ -17,7 +17,7 @@ from typing import Literal, get_args, overload
 from ._core._block_mask import BlockMask
 from ._core._masks import Causal
 from ._core._modspec import ScoreMod
-from ._core._prepare import prepare
+from ._core._prepare import plan_key, prepare
 from ._core._problem import Problem
 from ._core._variant import Variant, build_variant
 from ._grad._autodiff import blockwise_attention
@@ -418,26 +418,34 @@ def attend(
     lib = namespace_library(xp)
     defer = value is not None and isinstance(impl, str) and impl in ("auto", "native")
     defer = defer and lib == "torch"
-    if value is not None and block_size is None and return_lse is False:
+    memo = None
+    if value is not None and block_size is None and return_lse is False and lib in _PLAIN_LIBS:
         # A repeat plain call (a decode step's) goes straight to the maths:
         # its checks were memoised on its dtypes, shapes, devices and options.
-        out = _plain_call(query, key, value, variant, scale, impl, lib=lib, xp=xp)
-        if out is not None:
-            return out
-    p = prepare(query, key, value, variant, scale=scale, xp=xp, scale_q=not defer)
+        # The plan's key is computed once, here; prepare takes it on a miss.
+        memo = plan_key(query, key, value, variant=variant, scale=scale)
+        if memo is not None:
+            out = _plain_call(query, key, value, memo=memo, impl=impl, lib=lib, xp=xp)
+            if out is not None:
+                return out
+    p = prepare(query, key, value, variant, scale=scale, xp=xp, scale_q=not defer, memo=memo)
     if value is None:
         return solve_weights(p, xp=xp)
     return solve(p, impl=impl, block_size=block_size, return_lse=return_lse, xp=xp)
+
+
+# The libraries whose repeat plain call has a shortcut (_plain_call).
+_PLAIN_LIBS = ("numpy", "torch")
 
 
 def _plain_call(
     query: Array,
     key: Array,
     value: Array,
-    variant: Variant,
-    scale: object,
-    impl: object,
+    /,
     *,
+    memo: tuple[object, ...],
+    impl: object,
     lib: str,
     xp: Namespace,
 ) -> Array | None:
@@ -447,19 +455,22 @@ def _plain_call(
     ``"auto"`` and ``"materialize"`` to the materialising path's core
     (:func:`plain_materializes`): what :func:`solve` would run, without
     the :class:`Problem`. Any other call goes through :func:`prepare`.
+    ``memo`` is the call's :func:`~portattn._core._prepare.plan_key`.
     """
     if not isinstance(impl, str):
         return None
     if lib == "torch" and impl == "auto":
-        kernel = plain_kernel(query, key, value, variant, scale)
-        return None if kernel is None else plain_native(query, key, value, *kernel)
+        kernel = plain_kernel(memo=memo)
+        if kernel is None:
+            return None
+        return plain_native(query, key, value, scale=kernel[0], groups=kernel[1])
     if lib != "numpy" or impl not in ("auto", "materialize"):
         return None
-    plain = plain_materializes(query, key, value, variant, scale, impl)
+    plain = plain_materializes(memo=memo, impl=impl)
     if plain is None:
         return None
     scale_value, groups = plain
-    return plain_materialize(query * scale_value, key, value, groups, xp=xp)[0]
+    return plain_materialize(query * scale_value, key, value, groups=groups, xp=xp)[0]
 
 
 def solve(

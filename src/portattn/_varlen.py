@@ -190,7 +190,12 @@ def attention_varlen(
         many short sequences (decode steps), equal to the default within
         rounding but not bit for bit; larger batches run per sequence, and
         so does a batch whose output is not finite (an inf or NaN key or
-        value, which the one call could spread to the other sequences).
+        value, which the one call could spread to the other sequences),
+        where the output's values can be read: eager NumPy, torch,
+        CuPy and JAX. Under ``jax.jit``, ``torch.compile`` or on dask
+        arrays nothing is read, so the one call stands, and such a key or
+        value hidden from a row may still make it NaN (a kernel reads its
+        score; the materialising path weighs it by 0, and ``0 * inf`` is NaN).
 
     Returns
     -------
@@ -818,7 +823,9 @@ def run_fused(
     if is_concrete(out) and not bool(xp.all(xp.isfinite(out))):
         # A key hidden from some row may be inf or NaN, which a kernel reads
         # (NaN rows) and a materialised product weighs by 0 (0 * inf): each
-        # sequence alone never sees another's keys.
+        # sequence alone never sees another's keys. Only where the output
+        # can be read: in a trace (jax.jit, torch.compile) or on dask, such
+        # a key still reaches the other sequences' rows (documented above).
         kvs = [(k[a : a + n, ...], v[a : a + n, ...]) for a, n in spans_k]
         return run_sequences(
             q, starts_q, kvs, variant=variant, options=options, return_lse=want_lse, xp=xp

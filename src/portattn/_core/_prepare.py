@@ -37,7 +37,7 @@ from ._modspec import index_dtype, mod_library
 from ._problem import Problem
 from ._variant import Variant, build_variant
 
-__all__ = ["prepare"]
+__all__ = ["plain_plan", "plan_key", "prepare"]
 
 
 def _align(x: Array, ndim: int, *, xp: Namespace) -> Array:
@@ -73,9 +73,10 @@ def _structure(lq: int, lk: int, causal: bool | Align, window: tuple[int, int] |
 
 # What _validate decides: batch, structure, output dtype, compute dtype,
 # device, scale, the variant laid out for the paths, the query heads per
-# key/value head, and the feature size d where a fused kernel may take the
-# inputs as they are (plain_kernel_call), else 0. Memoised for NumPy and
-# eager torch calls without array options (their variant holds no array).
+# key/value head, and the feature size d where a repeat call's shortcut may
+# take the inputs as they are (_paths/_auto.plain_kernel and
+# plain_materializes), else 0. Memoised for NumPy and eager torch calls
+# without array options (their variant holds no array).
 _Plan = tuple[tuple[int, ...], Structure, DType, DType, Device, float, Variant, int, int]
 _PLANS: dict[tuple[object, ...], _Plan] = {}
 
@@ -223,7 +224,16 @@ def _validate(
         out_dtype = xp.result_type(*(x.dtype for _, x in arrays))
     work = compute_dtype(out_dtype, xp=xp)
     variant = _laid_out(asked, options, len(batch), work, (lq, lk), xp=xp, device=dev)
-    d_plain = _plain_d(query, key, value, batch, groups, work, variant, structure)
+    d_plain = _plain_d(
+        query,
+        key,
+        value,
+        batch=batch,
+        groups=groups,
+        work=work,
+        variant=variant,
+        structure=structure,
+    )
     return batch, structure, out_dtype, work, dev, scale_value, variant, groups, d_plain
 
 
@@ -231,6 +241,8 @@ def _plain_d(
     query: Array,
     key: Array,
     value: Array | None,
+    /,
+    *,
     batch: tuple[int, ...],
     groups: int,
     work: DType,
@@ -267,6 +279,7 @@ def prepare(
     scale: object = None,
     xp: Namespace,
     scale_q: bool = True,
+    memo: tuple[object, ...] | None = None,
 ) -> Problem:
     """Check every argument and return the problem in compute precision.
 
@@ -275,14 +288,17 @@ def prepare(
     (:func:`attention_weights`). Options are validated before anything is
     cached on them. ``scale_q=False`` leaves ``q`` unscaled
     (``Problem.q_scaled``), for a caller that may hand it to a kernel
-    taking the scale itself.
+    taking the scale itself. ``memo`` is :func:`plan_key` of these very
+    arguments where the caller has it (``attend``: a repeat call's shortcut
+    asked for it first), so that a call computes it once; ``None``: computed here.
     """
     if variant is None:
         variant = build_variant()
     score_mod, block_mask = variant.score_mod, variant.block_mask
     if score_mod is not None or block_mask is not None:
         variant = variant.without_flex()  # checked below, against the call's shapes
-    memo = _memo_key(query, key, value, variant, scale)
+    if memo is None:
+        memo = plan_key(query, key, value, variant=variant, scale=scale)
     plan = None if memo is None else _PLANS.get(memo)
     if plan is None:
         # Grouped-query attention: k and v keep their Hkv heads (_core/_groups).
@@ -302,24 +318,23 @@ def prepare(
 
 
 def plain_plan(
-    query: Array, key: Array, value: Array, variant: Variant, scale: object
+    *, memo: tuple[object, ...]
 ) -> tuple[float, int, tuple[int, ...], Structure, int, Device] | None:
     """``(scale, groups, batch, structure, d, device)`` of a repeat call a kernel takes as it is.
 
     Only a call :func:`prepare` has already checked with these very facts
-    (dtypes, shapes, devices, options: the memo's key) has a plan here, so
+    (dtypes, shapes, devices, options: ``memo``, its :func:`plan_key`) has a plan here, so
     what its checks decided holds. ``None`` for any other call, which goes
     through :func:`prepare` (and its errors) as always.
     """
-    memo = _memo_key(query, key, value, variant, scale)
-    plan = None if memo is None else _PLANS.get(memo)
+    plan = _PLANS.get(memo)
     if plan is None or not plan[8]:
         return None
     return plan[5], plan[7], plan[0], plan[1], plan[8], plan[4]
 
 
-def _memo_key(
-    query: Array, key: Array, value: Array | None, asked: Variant, scale: object
+def plan_key(
+    query: Array, key: Array, value: Array | None, /, *, variant: Variant, scale: object
 ) -> tuple[object, ...] | None:
     """What :func:`_validate`'s checks depend on, for memoisable inputs; ``None`` for the others.
 
@@ -331,7 +346,7 @@ def _memo_key(
         scale is None or type(scale) is float or type(scale) is int
     ):
         return None
-    options = asked.memo_key()
+    options = variant.memo_key()
     if options is None:
         return None
     memo = (query.dtype, query.shape, key.dtype, key.shape, scale, *options)

@@ -6,12 +6,13 @@ pair tasks ask for each tile of a chunked call, so both follow one rule.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .._core._flex import EMPTY
 from .._core._prepare import plain_plan
 from .._core._problem import Problem
-from .._core._variant import Variant
 from .._lib._precision import torch_autocast_off
-from .._lib._typing import Array, Namespace
+from .._lib._typing import Namespace
 from ._native import auto_delegates
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "auto_impl",
     "plain_kernel",
     "plain_materializes",
+    "rule_path",
 ]
 
 # Below this many (query, key) pairs per batch entry, materialising the score
@@ -48,17 +50,58 @@ def auto_impl(p: Problem, *, lib: str, want_lse: bool, xp: Namespace) -> str:
     ``"invariant"`` (``_invariant``): its bits cost speed, so only a caller asks for it.
     """
     s = p.structure
+    return rule_path(
+        lib=lib,
+        groups=p.groups,
+        batch=p.batch,
+        lq=s.lq,
+        lk=s.lk,
+        d=p.q.shape[-1],
+        delegates=lambda: auto_delegates(
+            p, return_lse=want_lse, materialize_max_pairs=MATERIALIZE_MAX_PAIRS, xp=xp
+        ),
+        empty_tiles=lambda: _has_empty_tiles(p),
+    )
+
+
+def rule_path(
+    *,
+    lib: str,
+    groups: int,
+    batch: tuple[int, ...],
+    lq: int,
+    lk: int,
+    d: int,
+    delegates: Callable[[], bool],
+    empty_tiles: Callable[[], bool],
+) -> str:
+    """``auto``'s rule on a call's facts: ``"native"``, ``"blockwise"`` or ``"materialize"``.
+
+    The one place it is written: :func:`auto_impl` asks it for a
+    :class:`Problem`, and the shortcuts of a repeat plain call
+    (:func:`plain_kernel`, :func:`plain_materializes`) for their memoised
+    plan, so the two cannot part. ``delegates`` says whether torch's kernel
+    is exact for the call (:func:`auto_delegates`) and ``empty_tiles``
+    whether a block mask leaves a tile empty; each is asked only where the
+    rule needs it (the first reads the keys, the second the mask's tiles).
+    """
     if (
         lib == "torch"
-        and not _grouped_decode(p)
-        and auto_delegates(
-            p, return_lse=want_lse, materialize_max_pairs=MATERIALIZE_MAX_PAIRS, xp=xp
-        )
+        and not _grouped_decode(groups=groups, batch=batch, lq=lq, lk=lk, d=d)
+        and delegates()
     ):
         return "native"
-    if _long(s.lq, s.lk) or _has_empty_tiles(p):
+    if _long(lq, lk) or empty_tiles():
         return "blockwise"
     return "materialize"
+
+
+def _yes() -> bool:
+    return True
+
+
+def _no() -> bool:
+    return False
 
 
 def _long(lq: int, lk: int) -> bool:
@@ -66,50 +109,51 @@ def _long(lq: int, lk: int) -> bool:
     return lq * lk > MATERIALIZE_MAX_PAIRS and lq > MATERIALIZE_ANY_LK_AT_LQ
 
 
-def _grouped_decode(p: Problem) -> bool:
+def _grouped_decode(*, groups: int, batch: tuple[int, ...], lq: int, lk: int, d: int) -> bool:
     """One query per row against grouped keys large enough that materialising beats SDPA."""
-    if p.groups == 1 or p.lq != MATERIALIZE_ANY_LK_AT_LQ:
+    if groups == 1 or lq != MATERIALIZE_ANY_LK_AT_LQ:
         return False
-    return _decode_work(p.batch, p.lk, p.q.shape[-1]) >= TORCH_MATERIALIZE_GQA_DECODE
-
-
-def _decode_work(batch: tuple[int, ...], lk: int, d: int) -> int:
-    """A decode step's multiply-adds per product: B * H * Lk * d."""
-    work: int = lk * d
+    work: int = lk * d  # a decode step's multiply-adds per product: B * H * Lk * d
     for n in batch:
         work *= n
-    return work
+    return work >= TORCH_MATERIALIZE_GQA_DECODE
 
 
-def plain_kernel(
-    query: Array, key: Array, value: Array, variant: Variant, scale: object
-) -> tuple[float, int] | None:
+def plain_kernel(*, memo: tuple[object, ...]) -> tuple[float, int] | None:
     """``(scale, groups)`` for a repeat torch call ``auto`` sends to SDPA as it is; else ``None``.
 
-    A decode step makes the same plain call on every token, and its kernel
+    ``memo`` is the call's :func:`~portattn._core._prepare.plan_key`. A
+    decode step makes the same plain call on every token, and its kernel
     takes about 30 us: the path through :class:`Problem`, the rule above and
     ``native_attention`` cost it as much again. A call whose memoised
     plan (:func:`plain_plan`: checked; q, k and v 4-D in the compute dtype;
     nothing hiding a pair) gets the rule's ``"native"`` here, and its
     arguments for :func:`~portattn._paths._native.plain_native`, which passes the kernel what
-    ``native_attention`` would (the same bits). Under ``torch.autocast`` it
-    is ``None``: the call goes the whole way, which turns autocast off.
+    ``native_attention`` would (the same bits). The kernel is exact for
+    such a call (nothing is hidden, so no key is read), and it has no block
+    mask. Under ``torch.autocast`` it is ``None``: the call goes the whole
+    way, which turns autocast off.
     """
-    plan = plain_plan(query, key, value, variant, scale)
+    plan = plain_plan(memo=memo)
     if plan is None:
         return None
     scale_value, groups, batch, s, d, device = plan
-    decode = groups > 1 and s.lq == MATERIALIZE_ANY_LK_AT_LQ
-    if decode and _decode_work(batch, s.lk, d) >= TORCH_MATERIALIZE_GQA_DECODE:
-        return None  # _grouped_decode: the materialising path
-    if torch_autocast_off(device) is not None:
+    path = rule_path(
+        lib="torch",
+        groups=groups,
+        batch=batch,
+        lq=s.lq,
+        lk=s.lk,
+        d=d,
+        delegates=_yes,
+        empty_tiles=_no,
+    )
+    if path != "native" or torch_autocast_off(device) is not None:
         return None
     return scale_value, groups
 
 
-def plain_materializes(
-    query: Array, key: Array, value: Array, variant: Variant, scale: object, impl: str
-) -> tuple[float, int] | None:
+def plain_materializes(*, memo: tuple[object, ...], impl: str) -> tuple[float, int] | None:
     """``(scale, groups)`` for a repeat call ``impl`` sends to the materialising path as it is.
 
     ``impl`` is ``"auto"`` or ``"materialize"``; ``None`` where the call is
@@ -119,12 +163,23 @@ def plain_materializes(
     core of ``materialize_attention`` for such a call (the same bits). For
     NumPy, whose calls :func:`auto_impl` sends to no kernel.
     """
-    plan = plain_plan(query, key, value, variant, scale)
+    plan = plain_plan(memo=memo)
     if plan is None:
         return None
-    scale_value, groups, _, s, _, _ = plan
-    if impl == "auto" and _long(s.lq, s.lk):
-        return None  # auto_impl: the blockwise path
+    scale_value, groups, batch, s, d, _ = plan
+    if impl == "auto":
+        path = rule_path(
+            lib="numpy",
+            groups=groups,
+            batch=batch,
+            lq=s.lq,
+            lk=s.lk,
+            d=d,
+            delegates=_no,
+            empty_tiles=_no,
+        )
+        if path != "materialize":
+            return None  # auto_impl: the blockwise path
     return scale_value, groups
 
 

@@ -34,7 +34,7 @@ def materialize_attention(
     if s.lk == 0:
         return empty_result(p, xp=xp)
     if _plain(p):
-        out, row_max, total = plain_materialize(p.q, p.k, p.v, p.groups, xp=xp)
+        out, row_max, total = plain_materialize(p.q, p.k, p.v, groups=p.groups, xp=xp)
     else:
         out, row_max, total = _weighted(p, xp=xp)
     out = expand(out, (*p.batch, s.lq, p.v.shape[-1]), xp=xp)
@@ -44,7 +44,7 @@ def materialize_attention(
 
 
 def plain_materialize(
-    q: Array, k: Array, v: Array, groups: int, *, xp: Namespace
+    q: Array, k: Array, v: Array, /, *, groups: int, xp: Namespace
 ) -> tuple[Array, Array, Array]:
     """``softmax(q kᵀ) v`` for a scaled ``q`` with nothing hiding a pair or changing a score.
 

@@ -161,7 +161,7 @@ def native_attention(p: Problem, *, return_lse: bool, xp: Namespace) -> tuple[Ar
     return out, None
 
 
-def plain_native(query: Array, key: Array, value: Array, scale: float, groups: int) -> Array:
+def plain_native(query: Array, key: Array, value: Array, /, *, scale: float, groups: int) -> Array:
     """torch's SDPA on (B, H, L, d) q, k and v as they are: a plain call's ``native_attention``.
 
     For a call ``impl="auto"`` found plain (:func:`~portattn._paths._auto.plain_kernel`),
