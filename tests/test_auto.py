@@ -259,7 +259,6 @@ def test_repeat_plain_torch_call_gives_the_kernel_path_bits(monkeypatch, hkv):
     """A repeat plain call takes the memoised shortcut to SDPA: the bits of impl='native'."""
     torch = pytest.importorskip("torch")
     from portattn._core import _prepare
-    from portattn._core._variant import build_variant
 
     taken = _record(monkeypatch, "plain_native", "native_attention")
     gen = torch.Generator().manual_seed(0)
@@ -268,10 +267,7 @@ def test_repeat_plain_torch_call_gives_the_kernel_path_bits(monkeypatch, hkv):
     _prepare._PLANS.clear()
     first = pa.attention(q, k, v, scale=0.3)  # validates, and memoises the plan
     assert taken == ["native_attention"]
-    assert (
-        _prepare.plain_plan(memo=_prepare.plan_key(q, k, v, variant=build_variant(), scale=0.3))
-        is not None
-    )
+    assert _memoised(q, k, v, scale=0.3)
     again = pa.attention(q, k, v, scale=0.3)
     assert taken == ["native_attention", "plain_native"]
     native = pa.attention(q, k, v, scale=0.3, impl="native")
@@ -329,6 +325,15 @@ _FULL = {
     "blockwise_attention": "blockwise",
     "materialize_attention": "materialize",
 }
+
+
+def _memoised(q, k, v, *, scale: float) -> bool:
+    """Whether a plain call on q, k, v with ``scale`` has a memoised plan (a repeat: shortcut)."""
+    from portattn._core import _prepare
+    from portattn._core._variant import build_variant
+
+    key = _prepare.plan_key(q, k, v, variant=build_variant(), scale=scale)
+    return _prepare.plain_plan(memo=key) is not None
 
 
 def _twice(monkeypatch, run, args) -> tuple[list[str], list[str]]:
@@ -400,7 +405,6 @@ def test_auto_takes_the_same_grouped_decode_path_on_a_repeat_call(rng, monkeypat
 def test_repeat_plain_numpy_call_gives_the_materialising_bits(monkeypatch, hkv, lq, dtype):
     """A repeat plain NumPy call takes the memoised shortcut: the bits of impl='materialize'."""
     from portattn._core import _prepare
-    from portattn._core._variant import build_variant
 
     taken = _record(monkeypatch, "plain_materialize", "materialize_attention")
     gen = np.random.default_rng(0)
@@ -410,10 +414,7 @@ def test_repeat_plain_numpy_call_gives_the_materialising_bits(monkeypatch, hkv, 
     _prepare._PLANS.clear()
     first = pa.attention(q, k, v, scale=0.3)  # validates, and memoises the plan
     assert taken == ["materialize_attention"]
-    assert (
-        _prepare.plain_plan(memo=_prepare.plan_key(q, k, v, variant=build_variant(), scale=0.3))
-        is not None
-    )
+    assert _memoised(q, k, v, scale=0.3)
     again = pa.attention(q, k, v, scale=0.3)
     chosen = pa.attention(q, k, v, scale=0.3, impl="materialize")
     assert taken == ["materialize_attention", "plain_materialize", "plain_materialize"]

@@ -37,7 +37,7 @@ from ._modspec import index_dtype, mod_library
 from ._problem import Problem
 from ._variant import Variant, build_variant
 
-__all__ = ["plain_plan", "plan_key", "prepare"]
+__all__ = ["PlainPlan", "plain_plan", "plan_key", "prepare"]
 
 
 def _align(x: Array, ndim: int, *, xp: Namespace) -> Array:
@@ -317,9 +317,11 @@ def prepare(
     return dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods))
 
 
-def plain_plan(
-    *, memo: tuple[object, ...]
-) -> tuple[float, int, tuple[int, ...], Structure, int, Device] | None:
+# (scale, groups, batch, structure, d, device) of a memoised plain call.
+PlainPlan = tuple[float, int, tuple[int, ...], Structure, int, Device]
+
+
+def plain_plan(*, memo: tuple[object, ...]) -> PlainPlan | None:
     """``(scale, groups, batch, structure, d, device)`` of a repeat call a kernel takes as it is.
 
     Only a call :func:`prepare` has already checked with these very facts

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .._core._flex import EMPTY
-from .._core._prepare import plain_plan
+from .._core._prepare import PlainPlan, plain_plan
 from .._core._problem import Problem
 from .._lib._precision import torch_autocast_off
 from .._lib._typing import Namespace
@@ -135,20 +135,10 @@ def plain_kernel(*, memo: tuple[object, ...]) -> tuple[float, int] | None:
     way, which turns autocast off.
     """
     plan = plain_plan(memo=memo)
-    if plan is None:
+    if plan is None or _plan_path(plan, lib="torch", delegates=_yes) != "native":
         return None
-    scale_value, groups, batch, s, d, device = plan
-    path = rule_path(
-        lib="torch",
-        groups=groups,
-        batch=batch,
-        lq=s.lq,
-        lk=s.lk,
-        d=d,
-        delegates=_yes,
-        empty_tiles=_no,
-    )
-    if path != "native" or torch_autocast_off(device) is not None:
+    scale_value, groups, *_, device = plan
+    if torch_autocast_off(device) is not None:
         return None
     return scale_value, groups
 
@@ -166,21 +156,24 @@ def plain_materializes(*, memo: tuple[object, ...], impl: str) -> tuple[float, i
     plan = plain_plan(memo=memo)
     if plan is None:
         return None
-    scale_value, groups, batch, s, d, _ = plan
-    if impl == "auto":
-        path = rule_path(
-            lib="numpy",
-            groups=groups,
-            batch=batch,
-            lq=s.lq,
-            lk=s.lk,
-            d=d,
-            delegates=_no,
-            empty_tiles=_no,
-        )
-        if path != "materialize":
-            return None  # auto_impl: the blockwise path
-    return scale_value, groups
+    if impl == "auto" and _plan_path(plan, lib="numpy", delegates=_no) != "materialize":
+        return None  # auto_impl: the blockwise path
+    return plan[0], plan[1]
+
+
+def _plan_path(plan: PlainPlan, *, lib: str, delegates: Callable[[], bool]) -> str:
+    """:func:`rule_path` on a memoised plain plan's facts (no block mask: no empty tile)."""
+    _, groups, batch, s, d, _ = plan
+    return rule_path(
+        lib=lib,
+        groups=groups,
+        batch=batch,
+        lq=s.lq,
+        lk=s.lk,
+        d=d,
+        delegates=delegates,
+        empty_tiles=_no,
+    )
 
 
 def _has_empty_tiles(p: Problem) -> bool:
