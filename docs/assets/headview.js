@@ -18,15 +18,8 @@
   "use strict";
 
   var el = window.portattnWidgets.el;  // docs/assets/widgets.js
-  var SVG = "http://www.w3.org/2000/svg";
+  var svgEl = window.portattnWidgets.svg;
   var ROW = 20, TOP = 30, LEFT = 70, RIGHT = 190, WIDTH = 260;
-
-  function svgEl(tag, attrs, text) {
-    var node = document.createElementNS(SVG, tag);
-    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
 
   function fill(template, values) {
     return template.replace(/\{(\w+)\}/g, function (_, k) { return values[k]; });

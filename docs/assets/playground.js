@@ -7,17 +7,9 @@
 (function () {
   "use strict";
 
-  var SVGNS = "http://www.w3.org/2000/svg";
-
   var el = window.portattnWidgets.el;  // docs/assets/widgets.js
+  var svg = window.portattnWidgets.svg;
   var colour = window.portattnWidgets.colour;
-
-  function svg(tag, attrs, text) {
-    var node = document.createElementNS(SVGNS, tag);
-    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
 
   var uid = 0;
 

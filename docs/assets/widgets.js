@@ -1,17 +1,21 @@
 /* What the site's widgets share. Plain JavaScript, no dependencies.
  *
- * mkdocs.yml loads this before heatmap.js and playground.js, which take
- * their element builder and cell colours from window.portattnWidgets, so
- * that both grids colour a weight, and pick its ink, by the same rule.
+ * mkdocs.yml loads this before the other scripts, which take their HTML and
+ * SVG element builders and their cell colours from window.portattnWidgets,
+ * so that every grid colours a weight, and picks its ink, by the same rule.
  */
 (function () {
   "use strict";
 
-  function el(tag, attrs, text) {
-    var node = document.createElement(tag);
+  /* An element with its attributes and, if given, its text: HTML by el, SVG by svg. */
+  function dress(node, attrs, text) {
     Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
     if (text !== undefined) node.textContent = text;
     return node;
+  }
+  function el(tag, attrs, text) { return dress(document.createElement(tag), attrs, text); }
+  function svg(tag, attrs, text) {
+    return dress(document.createElementNS("http://www.w3.org/2000/svg", tag), attrs, text);
   }
 
   /* A weight in [0, 1] as its colormap entry, with black or white ink, whichever reads on it. */
@@ -24,7 +28,7 @@
     return { fill: fill, ink: luminance > 0.45 ? "#000000" : "#ffffff" };
   }
 
-  window.portattnWidgets = { el: el, colour: colour };
+  window.portattnWidgets = { el: el, svg: svg, colour: colour };
 
   /* A table wider than its box scrolls sideways; say so above it, in the
      page's language, and keep saying so while it does (resizes included). */
