@@ -2,10 +2,13 @@
  * picture to read its query and key, whether the query sees the key, and the
  * tile around it with its kind. Everything shown comes from the JSON the page
  * carries (docs/_gen/sitegen/programmable.py computed it with portattn); the
- * script only finds the cell under the pointer. Plain JavaScript.
+ * script only finds the cell under the pointer. Plain JavaScript on
+ * docs/assets/widgets.js alone.
  */
 (function () {
   "use strict";
+
+  var fill = window.portattnWidgets.fill;  // docs/assets/widgets.js
 
   var WORDS = {
     en: { kinds: ["empty", "partial", "full"], seen: "sees", hidden: "does not see",
@@ -13,10 +16,6 @@
     ja: { kinds: ["空", "一部", "満杯"], seen: "を見る", hidden: "を見ない",
           say: "{title}:クエリ q_idx {q} はキー kv_idx {kv} {seen}。タイル ({i}, {j}) は{kind}。" }
   };
-
-  function fill(text, values) {
-    return text.replace(/\{(\w+)\}/g, function (_, k) { return values[k]; });
-  }
 
   function sees(runs, kv) {
     return runs.some(function (r) { return kv >= r[0] && kv < r[1]; });

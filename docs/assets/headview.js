@@ -18,12 +18,9 @@
   "use strict";
 
   var el = window.portattnWidgets.el;  // docs/assets/widgets.js
+  var fill = window.portattnWidgets.fill;
   var svgEl = window.portattnWidgets.svg;
   var ROW = 20, TOP = 30, LEFT = 70, RIGHT = 190, WIDTH = 260;
-
-  function fill(template, values) {
-    return template.replace(/\{(\w+)\}/g, function (_, k) { return values[k]; });
-  }
 
   /* A row of buttons, one pressed at a time; returns the buttons. */
   function choices(label, count, word, onPick) {

@@ -9,11 +9,8 @@
   "use strict";
 
   var el = window.portattnWidgets.el;  // docs/assets/widgets.js
+  var fill = window.portattnWidgets.fill;
   var colour = window.portattnWidgets.colour;
-
-  function fill(template, values) {
-    return template.replace(/\{(\w+)\}/g, function (_, k) { return values[k]; });
-  }
 
   /* "sat attends to The 3%, cat 26%, sat 71%": keys with weight exactly 0 are left out. */
   function sentence(text, tokens, state, i) {

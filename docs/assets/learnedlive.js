@@ -16,10 +16,7 @@
   "use strict";
 
   var el = window.portattnWidgets.el;  // docs/assets/widgets.js
-
-  function fill(template, values) {
-    return template.replace(/\{(\w+)\}/g, function (_, k) { return values[k]; });
-  }
+  var fill = window.portattnWidgets.fill;
 
   /* base64 of little-endian float64 bytes -> Float64Array, whatever the machine's byte order. */
   function decode(b64) {

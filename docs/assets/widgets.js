@@ -1,8 +1,9 @@
 /* What the site's widgets share. Plain JavaScript, no dependencies.
  *
  * mkdocs.yml loads this before the other scripts, which take their HTML and
- * SVG element builders and their cell colours from window.portattnWidgets,
- * so that every grid colours a weight, and picks its ink, by the same rule.
+ * SVG element builders, their text templates and their cell colours from
+ * window.portattnWidgets, so that every grid colours a weight, and picks its
+ * ink, by the same rule.
  */
 (function () {
   "use strict";
@@ -18,17 +19,22 @@
     return dress(document.createElementNS("http://www.w3.org/2000/svg", tag), attrs, text);
   }
 
-  /* A weight in [0, 1] as its colormap entry, with black or white ink, whichever reads on it. */
-  function colour(map, w) {
-    var fill = map[Math.min(map.length - 1, Math.max(0, Math.round(w * (map.length - 1))))];
-    var r = parseInt(fill.slice(1, 3), 16) / 255;
-    var g = parseInt(fill.slice(3, 5), 16) / 255;
-    var b = parseInt(fill.slice(5, 7), 16) / 255;
-    var luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b;
-    return { fill: fill, ink: luminance > 0.45 ? "#000000" : "#ffffff" };
+  /* A text of the page's words with each {name} replaced by values[name]. */
+  function fill(template, values) {
+    return template.replace(/\{(\w+)\}/g, function (_, k) { return values[k]; });
   }
 
-  window.portattnWidgets = { el: el, svg: svg, colour: colour };
+  /* A weight in [0, 1] as its colormap entry, with black or white ink, whichever reads on it. */
+  function colour(map, w) {
+    var entry = map[Math.min(map.length - 1, Math.max(0, Math.round(w * (map.length - 1))))];
+    var r = parseInt(entry.slice(1, 3), 16) / 255;
+    var g = parseInt(entry.slice(3, 5), 16) / 255;
+    var b = parseInt(entry.slice(5, 7), 16) / 255;
+    var luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b;
+    return { fill: entry, ink: luminance > 0.45 ? "#000000" : "#ffffff" };
+  }
+
+  window.portattnWidgets = { el: el, svg: svg, fill: fill, colour: colour };
 
   /* A table wider than its box scrolls sideways; say so above it, in the
      page's language, and keep saying so while it does (resizes included). */
