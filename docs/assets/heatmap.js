@@ -57,36 +57,16 @@
     var controls = el("div", { class: "pa-hm-controls" });
     controls.appendChild(toggle);
 
-    var table = el("table", { class: "pa-hm-grid" });
-    table.appendChild(el("caption", { class: "pa-hm-caption" }, text.caption));
-    var head = el("tr");
-    head.appendChild(el("td", { class: "pa-hm-corner" }, text.corner));
-    tokens.forEach(function (t) { head.appendChild(el("th", { scope: "col" }, t)); });
-    var thead = el("thead");
-    thead.appendChild(head);
-    table.appendChild(thead);
-
-    var tbody = el("tbody");
-    var rows = [], buttons = [], cells = [];
-    tokens.forEach(function (t, i) {
-      var tr = el("tr", { "data-row": String(i) });
-      var th = el("th", { scope: "row" });
+    var buttons = [];
+    var g = window.portattnWidgets.grid("pa-hm-grid", text, tokens, function (th, t, i) {
       var button = el("button", {
         type: "button", class: "pa-hm-query", "data-row": String(i), "aria-pressed": "false"
       }, t);
       th.appendChild(button);
-      tr.appendChild(th);
-      cells.push([]);
-      for (var j = 0; j < n; j++) {
-        var td = el("td", { class: "pa-hm-cell", "data-row": String(i), "data-col": String(j) });
-        tr.appendChild(td);
-        cells[i].push(td);
-      }
-      tbody.appendChild(tr);
-      rows.push(tr);
       buttons.push(button);
     });
-    table.appendChild(tbody);
+    var table = g.table, tbody = g.tbody, rows = g.rows, cells = g.cells;
+    rows.forEach(function (tr, i) { tr.setAttribute("data-row", String(i)); });
 
     var said = el("p", { class: "pa-hm-sentence", "aria-live": "polite" });
 

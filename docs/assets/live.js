@@ -73,34 +73,21 @@
       }
       said.textContent = "";
       var r = forward(data, tokens, check.checked);
-      var table = el("table", { class: "pa-hm-grid" });
-      table.appendChild(el("caption", { class: "pa-hm-caption" }, text.caption));
-      var head = el("tr");
-      head.appendChild(el("td", { class: "pa-hm-corner" }, text.corner));
-      tokens.forEach(function (t) { head.appendChild(el("th", { scope: "col" }, t)); });
-      var thead = el("thead"), tbody = el("tbody");
-      thead.appendChild(head);
-      tokens.forEach(function (t, i) {
-        var tr = el("tr");
-        tr.appendChild(el("th", { scope: "row" }, t));
-        r.weights[i].forEach(function (w, j) {
-          var hidden = check.checked && j > i;
-          var td = el("td", {
-            class: "pa-hm-cell" + (hidden ? " pa-hm-hidden" : ""),
-            "data-row": String(i), "data-col": String(j), "data-weight": String(w)
-          }, hidden ? "—" : Math.round(100 * w) + "%");
+      var g = window.portattnWidgets.grid("pa-hm-grid", text, tokens);
+      r.weights.forEach(function (row, i) {
+        row.forEach(function (w, j) {
+          var hidden = check.checked && j > i, td = g.cells[i][j];
+          if (hidden) td.classList.add("pa-hm-hidden");
+          td.setAttribute("data-weight", String(w));
+          td.textContent = hidden ? "—" : Math.round(100 * w) + "%";
           if (!hidden) {
             var c = colour(data.colormap, w);
             td.style.backgroundColor = c.fill;
             td.style.color = c.ink;
           }
-          tr.appendChild(td);
         });
-        tbody.appendChild(tr);
       });
-      table.appendChild(thead);
-      table.appendChild(tbody);
-      grid.appendChild(table);
+      grid.appendChild(g.table);
       var last = r.out[r.n - 1].map(function (z) { return z.toFixed(3); }).join(", ");
       out.textContent = text.out.replace("{q}", tokens[r.n - 1]).replace("{v}", "[" + last + "]");
       root.setAttribute("data-out", JSON.stringify(r.out));

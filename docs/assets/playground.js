@@ -52,26 +52,8 @@
     controls.appendChild(radios(group + "-i", text.init,
       [["constant", text.constant], ["scaled", text.unit]], "constant"));
 
-    var table = el("table", { class: "pa-hm-grid pa-pg-grid" });
-    table.appendChild(el("caption", { class: "pa-hm-caption" }, text.caption));
-    var thead = el("thead"), hr = el("tr");
-    hr.appendChild(el("td", { class: "pa-hm-corner" }, text.corner));
-    tokens.forEach(function (t) { hr.appendChild(el("th", { scope: "col" }, t)); });
-    thead.appendChild(hr);
-    table.appendChild(thead);
-    var tbody = el("tbody"), cells = [];
-    tokens.forEach(function (t, i) {
-      var tr = el("tr");
-      tr.appendChild(el("th", { scope: "row" }, t));
-      cells.push([]);
-      for (var j = 0; j < n; j++) {
-        var td = el("td", { class: "pa-hm-cell", "data-row": String(i), "data-col": String(j) });
-        tr.appendChild(td);
-        cells[i].push(td);
-      }
-      tbody.appendChild(tr);
-    });
-    table.appendChild(tbody);
+    var g = window.portattnWidgets.grid("pa-hm-grid pa-pg-grid", text, tokens);
+    var table = g.table, cells = g.cells;
     var sharp = el("p", { class: "pa-pg-sharp", "aria-live": "polite" });
 
     /* The curve: both columns of the √d measurement for the chosen initialisation. */

@@ -1,9 +1,9 @@
 /* What the site's widgets share. Plain JavaScript, no dependencies.
  *
  * mkdocs.yml loads this before the other scripts, which take their HTML and
- * SVG element builders, their text templates and their cell colours from
- * window.portattnWidgets, so that every grid colours a weight, and picks its
- * ink, by the same rule.
+ * SVG element builders, their text templates, their token grid and its cell
+ * colours from window.portattnWidgets, so that every grid is laid out, colours
+ * a weight and picks its ink by the same rule.
  */
 (function () {
   "use strict";
@@ -34,7 +34,36 @@
     return { fill: entry, ink: luminance > 0.45 ? "#000000" : "#ffffff" };
   }
 
-  window.portattnWidgets = { el: el, svg: svg, fill: fill, colour: colour };
+  /* The token-by-token table of the heatmap, the playground and the live head:
+   * a caption, a header row of keys, and per query a row whose header cell
+   * rowHead(th, token, i) fills (the token as text when none is given), then
+   * one empty cell per key, marked with its row and column, for the caller to
+   * paint. */
+  function grid(cls, text, tokens, rowHead) {
+    var table = el("table", { class: cls });
+    table.appendChild(el("caption", { class: "pa-hm-caption" }, text.caption));
+    var thead = el("thead"), head = el("tr"), tbody = el("tbody");
+    head.appendChild(el("td", { class: "pa-hm-corner" }, text.corner));
+    tokens.forEach(function (t) { head.appendChild(el("th", { scope: "col" }, t)); });
+    thead.appendChild(head);
+    var rows = [], cells = [];
+    tokens.forEach(function (t, i) {
+      var tr = el("tr"), th = el("th", { scope: "row" });
+      if (rowHead) rowHead(th, t, i);
+      else th.textContent = t;
+      tr.appendChild(th);
+      cells.push(tokens.map(function (_, j) {
+        return tr.appendChild(el("td", { class: "pa-hm-cell", "data-row": String(i), "data-col": String(j) }));
+      }));
+      tbody.appendChild(tr);
+      rows.push(tr);
+    });
+    table.appendChild(thead);
+    table.appendChild(tbody);
+    return { table: table, tbody: tbody, rows: rows, cells: cells };
+  }
+
+  window.portattnWidgets = { el: el, svg: svg, fill: fill, colour: colour, grid: grid };
 
   /* A table wider than its box scrolls sideways; say so above it, in the
      page's language, and keep saying so while it does (resizes included). */
