@@ -213,11 +213,10 @@ def _torch_xp() -> Any:
 # --- block sparsity is real --------------------------------------------------------------
 
 
-def test_work_follows_the_block_mask(rng: np.random.Generator) -> None:
-    """8 packed documents: the mods see about 1/8 of the pairs, the mask_mod only partial tiles."""
-    n, docs, block = 512, 8, (32, 32)
-    doc = np.arange(n) // (n // docs)
+def _counted(doc: Any) -> tuple[Any, Any, dict[str, int]]:
+    """An identity score_mod and the packed-documents mask_mod, each counting the pairs it sees."""
     seen = {"score": 0, "mask": 0}
+    causal_documents = documents(doc)
 
     def score_mod(s: Any, b: Any, h: Any, q: Any, kv: Any) -> Any:
         seen["score"] += q.shape[2] * kv.shape[3]
@@ -225,8 +224,16 @@ def test_work_follows_the_block_mask(rng: np.random.Generator) -> None:
 
     def mask_mod(b: Any, h: Any, q: Any, kv: Any) -> Any:
         seen["mask"] += q.shape[2] * kv.shape[3]
-        return (doc[q] == doc[kv]) & (q >= kv)
+        return causal_documents(b, h, q, kv)
 
+    return score_mod, mask_mod, seen
+
+
+def test_work_follows_the_block_mask(rng: np.random.Generator) -> None:
+    """8 packed documents: the mods see about 1/8 of the pairs, the mask_mod only partial tiles."""
+    n, docs, block = 512, 8, (32, 32)
+    doc = np.arange(n) // (n // docs)
+    score_mod, mask_mod, seen = _counted(doc)
     bm = pa.create_block_mask(mask_mod, None, None, n, n, block_size=block)
     q, k, v = (rng.standard_normal((1, 2, n, 16)) for _ in "qkv")
     seen.update(score=0, mask=0)
@@ -779,16 +786,7 @@ def test_backward_skips_empty_tiles_too(rng: np.random.Generator) -> None:
 
     n, block = 256, (32, 32)
     doc = torch.arange(n) // (n // 8)
-    seen = {"score": 0, "mask": 0}
-
-    def score_mod(s: Any, b: Any, h: Any, q: Any, kv: Any) -> Any:
-        seen["score"] += q.shape[2] * kv.shape[3]
-        return s
-
-    def mask_mod(b: Any, h: Any, q: Any, kv: Any) -> Any:
-        seen["mask"] += q.shape[2] * kv.shape[3]
-        return (doc[q] == doc[kv]) & (q >= kv)
-
+    score_mod, mask_mod, seen = _counted(doc)
     bm = pa.create_block_mask(mask_mod, None, None, n, n, block_size=block, xp=torch)
     q, k, v = (torch.tensor(rng.standard_normal((1, 2, n, 8)), requires_grad=True) for _ in "qkv")
     seen.update(score=0, mask=0)
