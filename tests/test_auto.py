@@ -11,6 +11,7 @@ against a cache of any length.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 import pytest
@@ -86,17 +87,24 @@ def _expected(backend: Backend, torch_path: str, lq: int, lk: int) -> str:
     return "blockwise" if lq * lk > 256 * 256 and lq > 1 else "materialize"
 
 
-# portattn._core._masks builds position indices as int64, which JAX without x64
-# truncates to int32 with a warning; harmless at these sizes.
-@pytest.mark.filterwarnings("ignore:Explicitly requested dtype int64:UserWarning")
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_auto_takes_the_rule_path_and_agrees_with_materialize(backend, rng, spy, name):
+def _case(backend: Backend, rng: np.random.Generator, name: str) -> tuple[Any, ...]:
+    """CASES[name] ready to call: its options (placeholders made arrays on ``backend``), whether
+    it asks for the lse, q, k and v as float64 NumPy, and (Lq, Lk, the path torch takes)."""
     kw, lq, lk, torch_path = CASES[name]
     kw = dict(kw)
     want_lse = kw.pop("return_lse", False)
     needs_arrays = any(v in ("m", "b", "kl", "ql") for v in kw.values())
     kwargs = option_arrays(backend, rng, kw, lq, lk) if needs_arrays else kw
-    q, k, v = (rng.standard_normal((2, 3, n, 8)) for n in (lq, lk, lk))
+    qkv = [rng.standard_normal((2, 3, n, 8)) for n in (lq, lk, lk)]
+    return kwargs, want_lse, qkv, (lq, lk, torch_path)
+
+
+# portattn._core._masks builds position indices as int64, which JAX without x64
+# truncates to int32 with a warning; harmless at these sizes.
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype int64:UserWarning")
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_auto_takes_the_rule_path_and_agrees_with_materialize(backend, rng, spy, name):
+    kwargs, want_lse, (q, k, v), (lq, lk, torch_path) = _case(backend, rng, name)
     xp = backend.xp
     for dtype in backend.float_dtypes:
         args = [backend.asarray(a, dtype) for a in (q, k, v)]
@@ -358,15 +366,10 @@ def test_auto_takes_the_same_path_on_a_repeat_call(backend, rng, monkeypatch, na
 
     # Other libraries have no shortcut: their repeat call goes the whole way.
     has_shortcut = namespace_library(backend.xp) in ("numpy", "torch")
-    kw, lq, lk, torch_path = CASES[name]
-    kw = dict(kw)
-    want_lse = kw.pop("return_lse", False)
-    needs_arrays = any(v in ("m", "b", "kl", "ql") for v in kw.values())
-    kwargs = option_arrays(backend, rng, kw, lq, lk) if needs_arrays else kw
-    q, k, v = (rng.standard_normal((2, 3, n, 8)) for n in (lq, lk, lk))
+    kwargs, want_lse, (q, k, v), (lq, lk, torch_path) = _case(backend, rng, name)
     path = _expected(backend, torch_path, lq, lk)
     # Only a plain call (no option but the scale) has a shortcut, on the path auto takes for it.
-    shortcut = has_shortcut and not want_lse and set(kw) <= {"scale"} and path != "blockwise"
+    shortcut = has_shortcut and not want_lse and set(kwargs) <= {"scale"} and path != "blockwise"
     run = functools.partial(pa.attention, return_lse=want_lse, **kwargs)
     for dtype in backend.float_dtypes:
         args = [backend.asarray(a, dtype) for a in (q, k, v)]
