@@ -19,6 +19,8 @@ import numpy as np
 import portattn as pa
 from portattn.testing import backends, load_backend, max_relative_error
 
+from .i18n import translate
+
 
 @dataclass
 class Backend:
@@ -184,10 +186,7 @@ _MISSING_JA = (
 
 
 def _missing(reason: str, lang: str) -> str:
-    if lang == "ja":
-        for en, ja in _MISSING_JA:
-            reason = reason.replace(en, ja)
-    return reason
+    return translate(reason, _MISSING_JA, lang)
 
 
 def agreement_markdown(*, lang: str = "en") -> str:

@@ -17,6 +17,8 @@ import numpy as np
 
 import portattn as pa
 
+from .i18n import translate
+
 RECORD = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "dask.json"
 
 # The page's example: a sequence of N tokens cut into CHUNKS query chunks and
@@ -134,9 +136,7 @@ def _draw_grid(ax: Any, g: Grid, rectangle: Any, *, lang: str = "en") -> None:
         side.set_visible(False)
     words = _FIG[lang]
     ax.set_xlabel(words["key"])
-    title = g.title
-    for en, ja in _TITLES_JA if lang == "ja" else ():
-        title = title.replace(en, ja)
+    title = translate(g.title, _TITLES_JA, lang)
     ax.set_title(
         words["title"].format(
             title=title, pairs=len(g.pairs), all=g.chunks**2, merges=g.merges, tasks=g.tasks

@@ -21,6 +21,7 @@ import torch
 from portattn.integrations import transformers as hf
 
 from .diskcache import cache_dir, code_key, write_atomic
+from .i18n import translate
 
 LENGTHS = (12, 9, 5)  # three sequences, left-padded to 12: longer than the windows (4)
 NEW_TOKENS = 16
@@ -199,10 +200,7 @@ _SUPPORT_JA = (
 
 
 def _ja(text: str, lang: str) -> str:
-    if lang == "ja":
-        for en, ja in _SUPPORT_JA:
-            text = text.replace(en, ja)
-    return text
+    return translate(text, _SUPPORT_JA, lang)
 
 
 def support_markdown(*, lang: str = "en") -> str:

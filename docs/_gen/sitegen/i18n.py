@@ -7,6 +7,8 @@ show the same computed values in two languages.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 LANGS = ("en", "ja")
 
 _WORDS: dict[str, dict[str, str]] = {
@@ -148,3 +150,12 @@ def t(key: str, lang: str = "en", **fmt: object) -> str:
         msg = f"expected lang to be one of {LANGS}, got {lang!r}"
         raise ValueError(msg)
     return _WORDS[key][lang].format(**fmt)
+
+
+def translate(text: str, phrases: Iterable[tuple[str, str]], lang: str) -> str:
+    """``text`` for the ``lang`` page: on the Japanese one, each English phrase of
+    ``phrases`` replaced by its Japanese, in order (so a longer phrase goes first)."""
+    if lang == "ja":
+        for en, ja in phrases:
+            text = text.replace(en, ja)
+    return text

@@ -19,6 +19,7 @@ import portattn as pa
 from portattn import mods
 
 from . import plotting
+from .i18n import translate
 
 N = 256  # gallery tokens
 BLOCK = 32  # gallery tiles: 8 x 8
@@ -114,11 +115,7 @@ _GALLERY_JA = (
 
 
 def _title(panel: Panel, lang: str) -> str:
-    text = panel.title
-    if lang == "ja":
-        for en, ja in _GALLERY_JA:
-            text = text.replace(en, ja)
-    return text
+    return translate(panel.title, _GALLERY_JA, lang)
 
 
 def _draw_panel(ax: Any, panel: Panel, lang: str = "en", k: int = 0) -> None:
@@ -290,10 +287,7 @@ _RECORD_JA = (
 
 
 def _said(text: str, lang: str) -> str:
-    if lang == "ja":
-        for en, ja in _RECORD_JA:
-            text = text.replace(en, ja)
-    return text
+    return translate(text, _RECORD_JA, lang)
 
 
 def _side(name: str, library: str) -> str:
