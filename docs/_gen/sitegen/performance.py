@@ -75,6 +75,11 @@ def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 
 
+def _rows(section: str) -> list[dict[str, Any]]:
+    """The record's list ``section`` ("throughput", "memory"), less entries that are not dicts."""
+    return [r for r in record().get(section, []) or [] if isinstance(r, dict)]
+
+
 def measured_markdown(*, lang: str = "en") -> str:
     """The paragraph saying where and how the record was measured."""
     rec = record()
@@ -159,7 +164,7 @@ def throughput_figure(*, lang: str = "en") -> str:
     """GFLOP/s against N, not causal and causal; legend outside the axes; stacked on phones."""
     import matplotlib.pyplot as plt
 
-    rows = [r for r in record().get("throughput", []) or [] if isinstance(r, dict)]
+    rows = _rows("throughput")
     rows = [r for r in rows if _num(r.get("n")) and _num(r.get("gflops"))]
     if not rows:
         return "<p>No throughput in this record.</p>"
@@ -228,7 +233,7 @@ def _pivot(
 
 def throughput_tables(*, lang: str = "en") -> str:
     """Pivot tables N by subject, one per (causal, library): GFLOP/s."""
-    rows = [r for r in record().get("throughput", []) or [] if isinstance(r, dict)]
+    rows = _rows("throughput")
     rows = [r for r in rows if _num(r.get("n")) is not None and "subject" in r]
     if not rows:
         return ""
@@ -257,7 +262,7 @@ def memory_figure(*, lang: str = "en") -> str:
     """Peak extra memory against N, with the 2 x (inputs + output) target."""
     import matplotlib.pyplot as plt
 
-    rows = [r for r in record().get("memory", []) or [] if isinstance(r, dict)]
+    rows = _rows("memory")
     rows = [r for r in rows if _num(r.get("n")) and _num(r.get("peak_bytes"))]
     if not rows:
         return "<p>No memory measurements in this record.</p>"
@@ -304,7 +309,7 @@ def memory_figure(*, lang: str = "en") -> str:
 
 def memory_table(*, lang: str = "en") -> str:
     """Pivot N by subject: peak MiB."""
-    rows = [r for r in record().get("memory", []) or [] if isinstance(r, dict)]
+    rows = _rows("memory")
     rows = [r for r in rows if _num(r.get("n")) is not None and "subject" in r]
     if not rows:
         return ""
