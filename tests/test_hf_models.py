@@ -155,21 +155,28 @@ def test_logits_discriminate(model, arch):
     assert (padded[real] - unpadded[real]).abs().max() > 1000 * TOL
 
 
-def test_greedy_generation_with_the_cache(model, arch):
+def generated(model, implementations: tuple[str, ...], **options) -> list[torch.Tensor]:
+    """``model``'s greedy tokens on ``batch()``, with the cache, under each implementation."""
     ids, mask = batch()
-    tokens = {}
-    for name in (PORTATTN, references(arch)[-1]):
+    tokens = []
+    for name in implementations:
         model.set_attn_implementation(name)
-        tokens[name] = model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            pad_token_id=0,
-            use_cache=True,
+        tokens.append(
+            model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                use_cache=True,
+                **options,
+            )
         )
-    got, want = tokens.values()
+    return tokens
+
+
+def test_greedy_generation_with_the_cache(model, arch):
+    got, want = generated(model, (PORTATTN, references(arch)[-1]), pad_token_id=0)
     assert got.shape == (len(LENGTHS), max(LENGTHS) + NEW_TOKENS)
     assert torch.equal(got, want)
 
@@ -373,19 +380,7 @@ def test_non_causal_gradients(other):
 
 def test_t5_greedy_generation_with_the_cache():
     model = _OTHERS.get("t5") or hf.tiny_model("t5", attn_implementation=PORTATTN)
-    ids, mask = batch()
-    tokens = {}
-    for name in (PORTATTN, "sdpa"):
-        model.set_attn_implementation(name)
-        tokens[name] = model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            use_cache=True,
-        )
-    got, want = tokens.values()
+    got, want = generated(model, (PORTATTN, "sdpa"))
     assert got.shape == (len(LENGTHS), NEW_TOKENS + 1)  # the decoder start token, then 16
     assert torch.equal(got, want)
 
