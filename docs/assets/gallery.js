@@ -49,7 +49,5 @@
     });
   }
 
-  function init() { document.querySelectorAll("figure.pa-gallery").forEach(setUp); }
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);
-  else init();
+  window.portattnWidgets.start("figure.pa-gallery", setUp);
 })();

@@ -275,13 +275,5 @@
     root.classList.add("pa-headview-ready");
   }
 
-  function boot() {
-    document.querySelectorAll("[data-pa-headview]").forEach(init);
-  }
-
-  if (document.readyState === "loading") {
-    document.addEventListener("DOMContentLoaded", boot);
-  } else {
-    boot();
-  }
+  window.portattnWidgets.start("[data-pa-headview]", init);
 })();

@@ -183,13 +183,5 @@
     root.classList.add("pa-heatmap-ready");
   }
 
-  function boot() {
-    document.querySelectorAll("[data-pa-heatmap]").forEach(init);
-  }
-
-  if (document.readyState === "loading") {
-    document.addEventListener("DOMContentLoaded", boot);
-  } else {
-    boot();
-  }
+  window.portattnWidgets.start("[data-pa-heatmap]", init);
 })();

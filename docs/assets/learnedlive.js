@@ -212,7 +212,5 @@
     window.portattnLearned.parse[m.task] = function (value) { return parse(m, value); };
   }
 
-  function boot() { document.querySelectorAll("[data-pa-learnedlive]").forEach(init); }
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", boot);
-  else boot();
+  window.portattnWidgets.start("[data-pa-learnedlive]", init);
 })();

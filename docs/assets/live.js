@@ -102,7 +102,5 @@
     };
   }
 
-  function boot() { document.querySelectorAll("[data-pa-live]").forEach(init); }
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", boot);
-  else boot();
+  window.portattnWidgets.start("[data-pa-live]", init);
 })();

@@ -150,7 +150,5 @@
     root.classList.add("pa-playground-ready");
   }
 
-  function boot() { document.querySelectorAll("[data-pa-playground]").forEach(init); }
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", boot);
-  else boot();
+  window.portattnWidgets.start("[data-pa-playground]", init);
 })();

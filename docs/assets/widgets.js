@@ -1,9 +1,10 @@
 /* What the site's widgets share. Plain JavaScript, no dependencies.
  *
- * mkdocs.yml loads this before the other scripts, which take their HTML and
- * SVG element builders, their text templates, their token grid and its cell
- * colours from window.portattnWidgets, so that every grid is laid out, colours
- * a weight and picks its ink by the same rule.
+ * mkdocs.yml loads this before the other scripts, which take from
+ * window.portattnWidgets their HTML and SVG element builders, their text
+ * templates, their start once the page is parsed, and the token grid with its
+ * cell colours, so that every grid is laid out, colours a weight and picks its
+ * ink by the same rule.
  */
 (function () {
   "use strict";
@@ -63,7 +64,14 @@
     return { table: table, tbody: tbody, rows: rows, cells: cells };
   }
 
-  window.portattnWidgets = { el: el, svg: svg, fill: fill, colour: colour, grid: grid };
+  /* init(element) on every element that matches selector, once the page is parsed. */
+  function start(selector, init) {
+    function boot() { document.querySelectorAll(selector).forEach(init); }
+    if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", boot);
+    else boot();
+  }
+
+  window.portattnWidgets = { el: el, svg: svg, fill: fill, colour: colour, grid: grid, start: start };
 
   /* A table wider than its box scrolls sideways; say so above it, in the
      page's language, and keep saying so while it does (resizes included). */
