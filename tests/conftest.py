@@ -72,6 +72,18 @@ def requested() -> tuple[str, ...] | None:
     return names
 
 
+def needs(module: str, backend: str) -> None:
+    """Import ``module`` for a test; absent, it fails the run that asks for ``backend`` (or
+    for every backend, by naming none) and skips the others."""
+    asked = os.environ.get(ENV)
+    try:
+        __import__(module)
+    except ImportError:
+        if asked is None or backend in asked.split(","):
+            raise
+        pytest.skip(f"{module} is not installed and {ENV} does not ask for {backend}")
+
+
 _CACHE: dict[str, Backend | BaseException] = {}
 
 

@@ -18,21 +18,13 @@ from typing import Any
 
 import pytest
 
+from conftest import needs
+
 pytestmark = [pytest.mark.parallel, pytest.mark.examples]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEADLINE = 1500  # seconds per example: a shared 2-core machine compiles and trains slowly
 TOLERANCE = {"float32": 1e-5, "float64": 1e-10}
-
-
-def _needs(module: str, backend: str) -> None:
-    asked = os.environ.get("PORTATTN_BACKENDS")
-    try:
-        __import__(module)
-    except ImportError:
-        if asked is None or backend in asked.split(","):
-            raise
-        pytest.skip(f"{module} is not installed and PORTATTN_BACKENDS does not ask for {backend}")
 
 
 def _curves(script: str, tmp_path: Path, *extra: str) -> list[dict[str, Any]]:
@@ -68,11 +60,11 @@ def _check(records: list[dict[str, Any]], world: int) -> None:
 
 
 def test_llama_two_ranks_follow_one_process(tmp_path: Path) -> None:
-    _needs("transformers", "torch")
+    needs("transformers", "torch")
     # the example kills the ranks it starts at its own deadline, before ours kills it
     _check(_curves("cp_llama.py", tmp_path, "--timeout", str(DEADLINE - 60)), world=2)
 
 
 def test_jax_four_devices_follow_one_device(tmp_path: Path) -> None:
-    _needs("jax", "jax")
+    needs("jax", "jax")
     _check(_curves("cp_jax.py", tmp_path), world=4)

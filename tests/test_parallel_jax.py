@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from conftest import needs
+
 pytestmark = pytest.mark.parallel
 
 WORKER = Path(__file__).parent / "parallel" / "jax_worker.py"
@@ -25,13 +27,7 @@ WORKER = Path(__file__).parent / "parallel" / "jax_worker.py"
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    asked = os.environ.get("PORTATTN_BACKENDS")
-    try:
-        import jax  # noqa: F401 - only whether it is installed
-    except ImportError:
-        if asked is None or "jax" in asked.split(","):
-            raise
-        pytest.skip("JAX is not installed and PORTATTN_BACKENDS does not ask for it")
+    needs("jax", "jax")
     out = tmp_path_factory.mktemp("cpjax") / "result.json"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     done = subprocess.run(

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from conftest import needs
+
 pytestmark = pytest.mark.parallel
 
 WORKER = Path(__file__).parent / "parallel" / "torch_worker.py"
@@ -27,13 +29,9 @@ DEADLINE = 900  # seconds for one world's whole run (a shared machine at load 27
 
 
 def _torch_or_skip() -> None:
-    asked = os.environ.get("PORTATTN_BACKENDS")
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        if asked is None or "torch" in asked.split(","):
-            raise
-        pytest.skip("torch is not installed and PORTATTN_BACKENDS does not ask for it")
+    needs("torch.distributed", "torch")
+    import torch.distributed as dist
+
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.fail("torch.distributed with gloo is needed for these tests")
 
