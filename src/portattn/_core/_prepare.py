@@ -74,9 +74,9 @@ def _structure(lq: int, lk: int, causal: bool | Align, window: tuple[int, int] |
 # What _validate decides: batch, structure, output dtype, compute dtype,
 # device, scale, the variant laid out for the paths, the query heads per
 # key/value head, and the feature size d where a repeat call's shortcut may
-# take the inputs as they are (_paths/_auto.plain_kernel and
-# plain_materializes), else 0. Memoised for NumPy and eager torch calls
-# without array options (their variant holds no array).
+# take the inputs as they are (_paths/_auto.plain_decision), else 0.
+# Memoised for NumPy and eager torch calls without array options (their
+# variant holds no array).
 _Plan = tuple[tuple[int, ...], Structure, DType, DType, Device, float, Variant, int, int]
 _PLANS: dict[tuple[object, ...], _Plan] = {}
 

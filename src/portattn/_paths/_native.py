@@ -164,7 +164,7 @@ def native_attention(p: Problem, *, return_lse: bool, xp: Namespace) -> tuple[Ar
 def plain_native(query: Array, key: Array, value: Array, /, *, scale: float, groups: int) -> Array:
     """torch's SDPA on (B, H, L, d) q, k and v as they are: a plain call's ``native_attention``.
 
-    For a call ``impl="auto"`` found plain (:func:`~portattn._paths._auto.plain_kernel`),
+    For a call ``impl="auto"`` found plain (:func:`~portattn._paths._auto.plain_decision`),
     with ``scale`` and ``groups`` from its plan. ``attn_mask=None`` and
     ``is_causal=False`` are SDPA's defaults, left out: each keyword costs
     the kernel's argument parser.
