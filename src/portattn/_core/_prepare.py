@@ -380,15 +380,34 @@ def bare_key(
     t = type(query)
     if type(key) is not t or type(value) is not t or type(scale) not in _SCALES:
         return None
-    if t is not np.ndarray:
-        torch = sys.modules.get("torch")
-        if torch is None or t is not torch.Tensor or torch.compiler.is_compiling():
-            return None
-    memo = (query.dtype, query.shape, key.dtype, key.shape, scale, *_BARE_OPTIONS)
-    memo += (value.dtype, value.shape)
+    # One tuple, built at once: a decode step pays for each copy.
     if t is np.ndarray:
-        return memo
-    return (*memo, query.device, key.device, value.device)
+        return (
+            query.dtype,
+            query.shape,
+            key.dtype,
+            key.shape,
+            scale,
+            *_BARE_OPTIONS,
+            value.dtype,
+            value.shape,
+        )
+    torch = sys.modules.get("torch")
+    if torch is None or t is not torch.Tensor or torch.compiler.is_compiling():
+        return None
+    return (
+        query.dtype,
+        query.shape,
+        key.dtype,
+        key.shape,
+        scale,
+        *_BARE_OPTIONS,
+        value.dtype,
+        value.shape,
+        query.device,
+        key.device,
+        value.device,
+    )
 
 
 # What a memoised scale may be (a bool is refused by the checks, so never memoised).
