@@ -254,26 +254,29 @@ def test_auto_materialises_a_large_grouped_decode_step_on_torch(rng, spy, monkey
         torch.testing.assert_close(a, w, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("d", [16, 48])
+@pytest.mark.parametrize("scale", [0.3, None])
 @pytest.mark.parametrize("hkv", [2, 8])
-def test_repeat_plain_torch_call_gives_the_kernel_path_bits(monkeypatch, hkv):
-    """A repeat plain call takes the memoised shortcut to SDPA: the bits of impl='native'."""
+def test_repeat_plain_torch_call_gives_the_kernel_path_bits(monkeypatch, hkv, scale, d):
+    """A repeat plain call takes the memoised shortcut to SDPA: the bits of impl='native'
+    (which passes the scale; the shortcut leaves the default 1/sqrt(d) to SDPA)."""
     torch = pytest.importorskip("torch")
 
     taken = _record(monkeypatch, "plain_native", "native_attention")
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 8, 1, 16, generator=gen)
-    k, v = (torch.randn(2, hkv, 33, 16, generator=gen) for _ in range(2))
+    q = torch.randn(2, 8, 1, d, generator=gen)
+    k, v = (torch.randn(2, hkv, 33, d, generator=gen) for _ in range(2))
     _auto.forget_plans()
-    first = pa.attention(q, k, v, scale=0.3)  # validates, and memoises the plan
+    first = pa.attention(q, k, v, scale=scale)  # validates, and memoises the plan
     assert taken == ["native_attention"]
-    assert _memoised(q, k, v, scale=0.3)
-    again = pa.attention(q, k, v, scale=0.3)
+    assert _memoised(q, k, v, scale=scale)
+    again = pa.attention(q, k, v, scale=scale)
     assert taken == ["native_attention", "plain_native"]
-    native = pa.attention(q, k, v, scale=0.3, impl="native")
+    native = pa.attention(q, k, v, scale=scale, impl="native")
     assert torch.equal(first, again) and torch.equal(again, native)
     taken.clear()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        cast = pa.attention(q, k, v, scale=0.3)
+        cast = pa.attention(q, k, v, scale=scale)
     assert taken == ["native_attention"]  # autocast: the whole way, which turns it off
     assert cast.dtype == torch.float32 and torch.equal(cast, first)
 
@@ -325,7 +328,7 @@ _FULL = {
 }
 
 
-def _memoised(q, k, v, *, scale: float) -> bool:
+def _memoised(q, k, v, *, scale: float | None) -> bool:
     """Whether a plain call on q, k, v with ``scale`` has a memoised plan (a repeat: shortcut)."""
     from portattn._core import _prepare
     from portattn._core._variant import build_variant

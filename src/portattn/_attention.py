@@ -483,7 +483,9 @@ def _plain_call(
         return None
     scale, groups, path, autocast = decided
     if on_numpy:
-        if impl == "materialize" or (impl == "auto" and path == "materialize"):
+        if scale is not None and (
+            impl == "materialize" or (impl == "auto" and path == "materialize")
+        ):
             xp = array_namespace(query)
             return plain_materialize(query * scale, key, value, groups=groups, xp=xp)[0]
         return None

@@ -6,6 +6,7 @@ pair tasks ask for each tile of a chunked call, so both follow one rule.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from .._core._flex import EMPTY
@@ -128,7 +129,8 @@ def plain_decision(*, memo: tuple[object, ...], lib: str) -> Decision | None:
     already checked with these very facts has a plan (:func:`plain_plan`:
     q, k and v 4-D in the compute dtype, nothing hiding a pair or changing
     a score), so what its checks decided holds. Returns ``(scale, groups,
-    path, autocast)``: the plan's scale and query heads per key/value
+    path, autocast)``: the plan's scale (on torch ``None`` where it is
+    SDPA's default, ``1 / sqrt(d)``) and query heads per key/value
     head, the path the rule (:func:`rule_path`) gives it on ``lib`` (the
     inputs' library, ``"numpy"`` or ``"torch"``: the key's dtypes say
     which, so one key never meets both), and the device type whose
@@ -150,17 +152,23 @@ def plain_decision(*, memo: tuple[object, ...], lib: str) -> Decision | None:
     plan = plain_plan(memo=memo)
     if plan is None:
         return None
-    on_torch = lib == "torch"
-    path = _plan_path(plan, lib=lib, delegates=_yes if on_torch else _no)
-    decided = (plan[0], plan[1], path, autocast_kind(plan[5]) if on_torch else "")
+    scale, groups, *_, d, device = plan
+    if lib != "torch":
+        decided = (scale, groups, _plan_path(plan, lib=lib, delegates=_no), "")
+    else:
+        # SDPA's own default scale is 1 / sqrt(d), computed alike: left to it.
+        kernel_scale = None if scale == 1.0 / math.sqrt(d) else scale
+        path = _plan_path(plan, lib=lib, delegates=_yes)
+        decided = (kernel_scale, groups, path, autocast_kind(device))
     if len(_DECIDED) >= _DECIDED_MAX:
         _DECIDED.clear()
     _DECIDED[memo] = decided
     return decided
 
 
-#: (scale, groups, the rule's path, the device's autocast kind) of a memoised plain plan.
-Decision = tuple[float, int, str, str]
+#: (scale, groups, the rule's path, the device's autocast kind) of a memoised plain plan;
+#: on torch the scale is ``None`` where it is SDPA's default.
+Decision = tuple[float | None, int, str, str]
 # plan_key -> Decision, filled by plain_decision; emptied with the plans (forget_plans).
 _DECIDED: dict[tuple[object, ...], Decision] = {}
 _DECIDED_MAX = 256
