@@ -18,6 +18,7 @@ import pytest
 
 import portattn as pa
 import portattn._attention as entry
+from portattn._paths import _auto
 from portattn.testing import assert_close, to_numpy
 
 from conftest import Backend, assert_close_on, jitted, option_arrays, rtol_for
@@ -243,7 +244,6 @@ def test_auto_materialises_a_large_grouped_decode_step_on_torch(rng, spy, monkey
     keys past a size (benchmarks/decode.py, "lq1"); auto takes materialize there, and agrees
     with SDPA, gradients included."""
     torch = pytest.importorskip("torch")
-    from portattn._paths import _auto
 
     monkeypatch.setattr(_auto, "TORCH_MATERIALIZE_GQA_DECODE", 2 * 8 * 64 * 16)
     b, h, hkv, lq, lk, d = shape
@@ -262,27 +262,29 @@ def test_auto_materialises_a_large_grouped_decode_step_on_torch(rng, spy, monkey
         torch.testing.assert_close(a, w, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("d", [16, 48])
+@pytest.mark.parametrize("scale", [0.3, None])
 @pytest.mark.parametrize("hkv", [2, 8])
-def test_repeat_plain_torch_call_gives_the_kernel_path_bits(monkeypatch, hkv):
-    """A repeat plain call takes the memoised shortcut to SDPA: the bits of impl='native'."""
+def test_repeat_plain_torch_call_gives_the_kernel_path_bits(monkeypatch, hkv, scale, d):
+    """A repeat plain call takes the memoised shortcut to SDPA: the bits of impl='native'
+    (which passes the scale; the shortcut leaves the default 1/sqrt(d) to SDPA)."""
     torch = pytest.importorskip("torch")
-    from portattn._core import _prepare
 
     taken = _record(monkeypatch, "plain_native", "native_attention")
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 8, 1, 16, generator=gen)
-    k, v = (torch.randn(2, hkv, 33, 16, generator=gen) for _ in range(2))
-    _prepare._PLANS.clear()
-    first = pa.attention(q, k, v, scale=0.3)  # validates, and memoises the plan
+    q = torch.randn(2, 8, 1, d, generator=gen)
+    k, v = (torch.randn(2, hkv, 33, d, generator=gen) for _ in range(2))
+    _auto.forget_plans()
+    first = pa.attention(q, k, v, scale=scale)  # validates, and memoises the plan
     assert taken == ["native_attention"]
-    assert _memoised(q, k, v, scale=0.3)
-    again = pa.attention(q, k, v, scale=0.3)
+    assert _memoised(q, k, v, scale=scale)
+    again = pa.attention(q, k, v, scale=scale)
     assert taken == ["native_attention", "plain_native"]
-    native = pa.attention(q, k, v, scale=0.3, impl="native")
+    native = pa.attention(q, k, v, scale=scale, impl="native")
     assert torch.equal(first, again) and torch.equal(again, native)
     taken.clear()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        cast = pa.attention(q, k, v, scale=0.3)
+        cast = pa.attention(q, k, v, scale=scale)
     assert taken == ["native_attention"]  # autocast: the whole way, which turns it off
     assert cast.dtype == torch.float32 and torch.equal(cast, first)
 
@@ -291,7 +293,6 @@ def test_repeat_plain_torch_call_gives_the_kernel_path_bits(monkeypatch, hkv):
 def test_repeat_plain_torch_call_gives_the_kernel_path_gradients(monkeypatch, hkv):
     """The shortcut keeps autograd's graph: a repeat call's q, k and v gradients are the first's."""
     torch = pytest.importorskip("torch")
-    from portattn._core import _prepare
 
     taken = _record(monkeypatch, "plain_native", "native_attention")
     gen = torch.Generator().manual_seed(1)
@@ -301,7 +302,7 @@ def test_repeat_plain_torch_call_gives_the_kernel_path_gradients(monkeypatch, hk
         for _ in range(2)
     )
     d_out = torch.randn(2, 8, 3, 16, generator=gen, dtype=torch.float64)
-    _prepare._PLANS.clear()
+    _auto.forget_plans()
     outs, grads = [], []
     for _ in range(2):
         out = pa.attention(q, k, v, scale=0.3)
@@ -335,7 +336,7 @@ _FULL = {
 }
 
 
-def _memoised(q, k, v, *, scale: float) -> bool:
+def _memoised(q, k, v, *, scale: float | None) -> bool:
     """Whether a plain call on q, k, v with ``scale`` has a memoised plan (a repeat: shortcut)."""
     from portattn._core import _prepare
     from portattn._core._variant import build_variant
@@ -346,10 +347,9 @@ def _memoised(q, k, v, *, scale: float) -> bool:
 
 def _twice(monkeypatch, run, args) -> tuple[list[str], list[str]]:
     """The entry functions a first call (plans forgotten) and a repeat call of ``run`` ran."""
-    from portattn._core import _prepare
 
     taken = _record(monkeypatch, *_SHORTCUTS, *_FULL)
-    _prepare._PLANS.clear()
+    _auto.forget_plans()
     run(*args)
     first = list(taken)
     taken.clear()
@@ -389,8 +389,6 @@ def test_auto_takes_the_same_grouped_decode_path_on_a_repeat_call(rng, monkeypat
     exactly where the whole way does, and a materialising step stays materialising."""
     import torch
 
-    from portattn._paths import _auto
-
     b, h, hkv, lq, lk, d = shape
     q, k, v = (
         torch.tensor(rng.standard_normal((b, n, length, d)))
@@ -407,14 +405,13 @@ def test_auto_takes_the_same_grouped_decode_path_on_a_repeat_call(rng, monkeypat
 @pytest.mark.parametrize(("hkv", "lq"), [(2, 1), (8, 1), (2, 16), (8, 16)])
 def test_repeat_plain_numpy_call_gives_the_materialising_bits(monkeypatch, hkv, lq, dtype):
     """A repeat plain NumPy call takes the memoised shortcut: the bits of impl='materialize'."""
-    from portattn._core import _prepare
 
     taken = _record(monkeypatch, "plain_materialize", "materialize_attention")
     gen = np.random.default_rng(0)
     q = gen.standard_normal((2, 8, lq, 16)).astype(dtype)
     k, v = (gen.standard_normal((2, hkv, 33, 16)).astype(dtype) for _ in range(2))
     kept = [x.copy() for x in (q, k, v)]
-    _prepare._PLANS.clear()
+    _auto.forget_plans()
     first = pa.attention(q, k, v, scale=0.3)  # validates, and memoises the plan
     assert taken == ["materialize_attention"]
     assert _memoised(q, k, v, scale=0.3)
@@ -435,3 +432,44 @@ def test_repeat_plain_numpy_call_gives_the_materialising_bits(monkeypatch, hkv, 
     rtol = 1e-5 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(again, want, rtol=rtol, atol=rtol)
     np.testing.assert_allclose(blockwise, want, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("scale", [None, 0.3, 2])
+def test_a_bare_call_keys_its_plan_as_a_call_with_no_option(scale):
+    """The public entry's bare-call key (asked before any lookup) is the plan key that
+    ``prepare`` memoises under for the variant with no option: so a bare repeat call finds
+    the plan its first call checked, and only for the inputs a plan may be memoised for."""
+    torch = pytest.importorskip("torch")
+    from portattn._core import _prepare
+    from portattn._core._variant import build_variant
+
+    gen = np.random.default_rng(0)
+    arrays = [gen.standard_normal(s).astype(np.float32) for s in ((1, 8, 1, 16), (1, 2, 9, 16))]
+    q, k = arrays
+    tq, tk = (torch.from_numpy(x) for x in arrays)
+    for args in ((q, k, k), (tq, tk, tk)):
+        want = _prepare.plan_key(*args, variant=build_variant(), scale=scale)
+        assert want is not None and _prepare.bare_key(*args, scale=scale) == want
+    assert _prepare.bare_key(q, k, k, scale=True) is None  # a bool is refused, never memoised
+    assert _prepare.bare_key(q, tk, tk, scale=scale) is None  # mixed libraries: the whole way
+    param = torch.nn.Parameter(tk)
+    assert _prepare.bare_key(tq, param, param, scale=scale) is None  # a subclass
+    assert _prepare.bare_key(q, k, None, scale=scale) is None  # weights-only: not bare
+
+
+def test_a_layer_repeat_call_takes_the_shortcut_through_attend(monkeypatch):
+    """``attend`` (the layers' entry, with a built variant) has the repeat shortcut too."""
+    torch = pytest.importorskip("torch")
+    from portattn._core._variant import build_variant
+    from portattn._lib._compat import array_namespace
+
+    taken = _record(monkeypatch, *_SHORTCUTS, *_FULL)
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, 1, 8, generator=gen)
+    k, v = (torch.randn(1, 2, 20, 8, generator=gen) for _ in range(2))
+    xp = array_namespace(q, k, v)
+    _auto.forget_plans()
+    outs = [entry.attend(q, k, v, variant=build_variant(), xp=xp) for _ in range(2)]
+    assert taken == ["native_attention", "plain_native"]
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[1], pa.attention(q, k, v))

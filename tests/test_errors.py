@@ -313,13 +313,14 @@ def test_the_memo_skips_only_repeat_numpy_checks(small_np, monkeypatch):
     import torch
 
     from portattn._core import _prepare
+    from portattn._paths import _auto
 
     calls = []
     validate = _prepare._validate
     monkeypatch.setattr(
         _prepare, "_validate", lambda *a, **kw: calls.append(1) or validate(*a, **kw)
     )
-    monkeypatch.setattr(_prepare, "_PLANS", {})
+    _auto.forget_plans()
     q, k, v = small_np
     first = pa.attention(q, k, v, causal=True)
     again = pa.attention(q, k, v, causal=True)
@@ -655,3 +656,39 @@ def test_mixed_dtypes_promote_as_the_array_api_says(backend: Backend, rng):
             pa.attention(xp.astype(q_narrow, wide_dtype), k, v, causal="top_left"),
             rtol=0,
         )
+
+
+def test_a_repeat_bare_call_fails_as_a_first_call_does(small_np, monkeypatch):
+    """The bare-call shortcut keys on every dtype, shape and device: a call that differs from a
+    memoised one in any of them goes the whole way, and gets the first call's very error."""
+    import torch
+
+    from portattn import _attention
+    from portattn._paths import _auto
+
+    taken = []
+    real = _attention.plain_native
+    monkeypatch.setattr(
+        _attention, "plain_native", lambda *a, **kw: taken.append("plain_native") or real(*a, **kw)
+    )
+    # 4-D, as the shortcut takes them: (B, H, L, d)
+    q, k, v = (torch.from_numpy(x).reshape(1, 1, *x.shape[-2:]) for x in small_np)
+    bad = {
+        "value rows": (q, k, v[..., :5, :]),
+        "key features": (q, k[..., :-1], v),
+        "key device": (q, k.to("meta"), v),
+        "value device": (q, k, v.to("meta")),
+        "integer key": (q, k.to(torch.int64), v),
+        "value missing": (q, k, None),
+    }
+    for name, args in bad.items():
+        _auto.forget_plans()
+        with pytest.raises((TypeError, ValueError)) as fresh:
+            pa.attention(*args)
+        pa.attention(q, k, v)
+        taken.clear()
+        pa.attention(q, k, v)
+        assert taken == ["plain_native"]  # memoised: a repeat takes the shortcut
+        with pytest.raises(type(fresh.value)) as repeat:
+            pa.attention(*args)
+        assert str(repeat.value) == str(fresh.value), name

@@ -12,8 +12,8 @@ import torch
 
 import portattn as pa
 from portattn import _attention
-from portattn._core import _prepare
 from portattn._lib import _compat
+from portattn._paths import _auto
 from portattn.testing import assert_close, to_numpy
 
 from conftest import Backend, assert_close_on, rtol_for
@@ -165,7 +165,7 @@ def test_gqa_never_repeats_keys_or_values(backend: Backend, rng, monkeypatch):
     # An empty plan memo: a repeat of these shapes (another backend's case in
     # this worker) would go to the kernel from its plan, past solve, with the
     # same k and v (the shortcut repeats nothing either: test_auto pins it).
-    monkeypatch.setattr(_prepare, "_PLANS", {})
+    _auto.forget_plans()
     mha = pa.MultiHeadAttention.random(
         D, 6, num_kv_heads=2, d_head=4, xp=backend.xp, device=backend.device
     )

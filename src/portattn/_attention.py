@@ -12,12 +12,15 @@ layers and the varlen entries call too. The paths
 
 from __future__ import annotations
 
+import sys
 from typing import Literal, get_args, overload
+
+import numpy as np
 
 from ._core._block_mask import BlockMask
 from ._core._masks import Causal
 from ._core._modspec import ScoreMod
-from ._core._prepare import plan_key, prepare
+from ._core._prepare import bare_key, plan_key, prepare
 from ._core._problem import Problem
 from ._core._variant import Variant, build_variant
 from ._grad._autodiff import blockwise_attention
@@ -26,7 +29,7 @@ from ._lib._compat import array_namespace, namespace_library
 from ._lib._precision import narrow, torch_autocast_off
 from ._lib._typing import Array, Namespace
 from ._lib._vocabulary import sdpa_names
-from ._paths._auto import auto_impl, plain_kernel, plain_materializes
+from ._paths._auto import auto_impl, plain_decision
 from ._paths._invariant import invariant_attention
 from ._paths._materialize import materialize_attention, materialize_weights, plain_materialize
 from ._paths._native import native_attention, plain_native
@@ -360,6 +363,27 @@ def attention(
     >>> out.shape, lse.shape
     ((3, 2), (3,))
     """
+    if (
+        mask is None
+        and bias is None
+        and causal is False
+        and window is None
+        and key_lengths is None
+        and query_lengths is None
+        and softcap is None
+        and score_mod is None
+        and block_mask is None
+        and sinks is None
+        and block_size is None
+        and return_lse is False
+    ):
+        # A bare call (a decode step's): a repeat one goes straight to the
+        # maths from its memoised plan, before any lookup (_plain_call).
+        memo = bare_key(query, key, value, scale=scale)
+        if memo is not None:
+            out = _plain_call(query, key, value, memo=memo, impl=impl)
+            if out is not None:
+                return out
     check_array("value", value)  # attend() reads value=None as a weights-only call
     xp = array_namespace(
         query, key, value, mask, bias, key_lengths, query_lengths, sinks, names=_ARRAY_NAMES
@@ -420,12 +444,12 @@ def attend(
     defer = defer and lib == "torch"
     memo = None
     if value is not None and block_size is None and return_lse is False and lib in _PLAIN_LIBS:
-        # A repeat plain call (a decode step's) goes straight to the maths:
-        # its checks were memoised on its dtypes, shapes, devices and options.
-        # The plan's key is computed once, here; prepare takes it on a miss.
+        # A repeat plain call (a layer's decode step) goes straight to the
+        # maths: its checks were memoised on its dtypes, shapes, devices and
+        # options. The plan's key is computed once, here; prepare takes it on a miss.
         memo = plan_key(query, key, value, variant=variant, scale=scale)
         if memo is not None:
-            out = _plain_call(query, key, value, memo=memo, impl=impl, lib=lib, xp=xp)
+            out = _plain_call(query, key, value, memo=memo, impl=impl)
             if out is not None:
                 return out
     p = prepare(query, key, value, variant, scale=scale, xp=xp, scale_q=not defer, memo=memo)
@@ -439,38 +463,37 @@ _PLAIN_LIBS = ("numpy", "torch")
 
 
 def _plain_call(
-    query: Array,
-    key: Array,
-    value: Array,
-    /,
-    *,
-    memo: tuple[object, ...],
-    impl: object,
-    lib: str,
-    xp: Namespace,
+    query: Array, key: Array, value: Array, /, *, memo: tuple[object, ...], impl: object
 ) -> Array | None:
     """The output of a repeat plain call, straight from its memoised plan; else ``None``.
 
-    On torch ``"auto"`` hands it to SDPA (:func:`plain_kernel`), on NumPy
-    ``"auto"`` and ``"materialize"`` to the materialising path's core
-    (:func:`plain_materializes`): what :func:`solve` would run, without
-    the :class:`Problem`. Any other call goes through :func:`prepare`.
-    ``memo`` is the call's :func:`~portattn._core._prepare.plan_key`.
+    ``query``, ``key`` and ``value`` are NumPy arrays or eager torch tensors
+    (``memo``, the call's :func:`~portattn._core._prepare.plan_key`, exists
+    for no others). On torch ``"auto"`` hands a ``"native"`` plan to SDPA
+    (:func:`plain_native`) unless autocast is on; on NumPy ``"auto"`` and
+    ``"materialize"`` hand it to the materialising path's core
+    (:func:`plain_materialize`): what :func:`solve` would run, without the
+    :class:`Problem`. Any other call goes through :func:`prepare`.
     """
-    if not isinstance(impl, str):
+    if type(impl) is not str:
         return None
-    if lib == "torch" and impl == "auto":
-        kernel = plain_kernel(memo=memo)
-        if kernel is None:
-            return None
-        return plain_native(query, key, value, scale=kernel[0], groups=kernel[1])
-    if lib != "numpy" or impl not in ("auto", "materialize"):
+    on_numpy = type(query) is np.ndarray
+    decided = plain_decision(memo=memo, lib="numpy" if on_numpy else "torch")
+    if decided is None:
         return None
-    plain = plain_materializes(memo=memo, impl=impl)
-    if plain is None:
+    scale, groups, path, autocast = decided
+    if on_numpy:
+        if scale is not None and (
+            impl == "materialize" or (impl == "auto" and path == "materialize")
+        ):
+            xp = array_namespace(query)
+            return plain_materialize(query * scale, key, value, groups=groups, xp=xp)[0]
         return None
-    scale_value, groups = plain
-    return plain_materialize(query * scale_value, key, value, groups=groups, xp=xp)[0]
+    if impl != "auto" or path != "native":
+        return None
+    if autocast and sys.modules["torch"].is_autocast_enabled(autocast):
+        return None  # the whole way, which turns autocast off
+    return plain_native(query, key, value, scale=scale, groups=groups)
 
 
 def solve(

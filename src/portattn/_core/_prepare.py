@@ -37,7 +37,7 @@ from ._modspec import index_dtype, mod_library
 from ._problem import Problem
 from ._variant import Variant, build_variant
 
-__all__ = ["PlainPlan", "plain_plan", "plan_key", "prepare"]
+__all__ = ["PlainPlan", "bare_key", "forget_checked", "plain_plan", "plan_key", "prepare"]
 
 
 def _align(x: Array, ndim: int, *, xp: Namespace) -> Array:
@@ -74,9 +74,9 @@ def _structure(lq: int, lk: int, causal: bool | Align, window: tuple[int, int] |
 # What _validate decides: batch, structure, output dtype, compute dtype,
 # device, scale, the variant laid out for the paths, the query heads per
 # key/value head, and the feature size d where a repeat call's shortcut may
-# take the inputs as they are (_paths/_auto.plain_kernel and
-# plain_materializes), else 0. Memoised for NumPy and eager torch calls
-# without array options (their variant holds no array).
+# take the inputs as they are (_paths/_auto.plain_decision), else 0.
+# Memoised for NumPy and eager torch calls without array options (their
+# variant holds no array).
 _Plan = tuple[tuple[int, ...], Structure, DType, DType, Device, float, Variant, int, int]
 _PLANS: dict[tuple[object, ...], _Plan] = {}
 
@@ -317,6 +317,15 @@ def prepare(
     return dataclasses.replace(p, variant=dataclasses.replace(p.variant, mods=mods))
 
 
+def forget_checked() -> None:
+    """Empty the memo of checked calls.
+
+    Call ``_paths/_auto.forget_plans`` instead: it empties what derives
+    from these plans too.
+    """
+    _PLANS.clear()
+
+
 # (scale, groups, batch, structure, d, device) of a memoised plain call.
 PlainPlan = tuple[float, int, tuple[int, ...], Structure, int, Device]
 
@@ -357,6 +366,54 @@ def plan_key(
     if type(query) is not np.ndarray:
         memo += (query.device, key.device, None if value is None else value.device)
     return memo
+
+
+def bare_key(
+    query: Array, key: Array, value: Array, /, *, scale: object
+) -> tuple[object, ...] | None:
+    """:func:`plan_key` of a call with no option at all, without building its variant.
+
+    The public entry's repeat bare call (a decode step's) asks this before
+    anything else: the same key, so the same plan, as :func:`plan_key` with
+    the variant :func:`build_variant` gives when every option is left out.
+    """
+    t = type(query)
+    if type(key) is not t or type(value) is not t or type(scale) not in _SCALES:
+        return None
+    # One tuple, built at once: a decode step pays for each copy.
+    if t is np.ndarray:
+        return (
+            query.dtype,
+            query.shape,
+            key.dtype,
+            key.shape,
+            scale,
+            *_BARE_OPTIONS,
+            value.dtype,
+            value.shape,
+        )
+    torch = sys.modules.get("torch")
+    if torch is None or t is not torch.Tensor or torch.compiler.is_compiling():
+        return None
+    return (
+        query.dtype,
+        query.shape,
+        key.dtype,
+        key.shape,
+        scale,
+        *_BARE_OPTIONS,
+        value.dtype,
+        value.shape,
+        query.device,
+        key.device,
+        value.device,
+    )
+
+
+# What a memoised scale may be (a bool is refused by the checks, so never memoised).
+_SCALES = (type(None), float, int)
+# build_variant()'s memo_key: a call with no option.
+_BARE_OPTIONS: tuple[object, ...] = build_variant().memo_key() or ()
 
 
 def _memoisable(query: Array, key: Array, value: Array | None) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 from ._compat import is_jax_namespace, is_torch_namespace
 from ._typing import Array, Device, DType, Namespace
 
-__all__ = ["compute_dtype", "narrow", "torch_autocast_off"]
+__all__ = ["autocast_kind", "compute_dtype", "narrow", "torch_autocast_off"]
 
 
 def compute_dtype(dtype: DType, *, xp: Namespace) -> DType:
@@ -49,15 +49,25 @@ def torch_autocast_off(device: Device) -> AbstractContextManager[Any] | None:
     """
     import torch
 
-    # Keyed on the device itself: reading device.type costs a decode step a
-    # microsecond, a dict lookup a tenth of that.
-    kind = _AUTOCAST_KIND.get(device)
-    if kind is None:  # fixed per device: asked once, not on every call
-        kind = device.type if torch.amp.is_autocast_available(device.type) else ""
-        _AUTOCAST_KIND[device] = kind
+    kind = autocast_kind(device)
     if not kind or not torch.is_autocast_enabled(kind):
         return None  # meta tensors: no autocast at all
     return torch.autocast(kind, enabled=False)
+
+
+def autocast_kind(device: Device) -> str:
+    """The device type torch's autocast knows ``device`` by; ``""`` where it has none (meta).
+
+    Fixed per device: asked once, then a dict lookup keyed on the device
+    itself (reading ``device.type`` costs a decode step a microsecond).
+    """
+    kind = _AUTOCAST_KIND.get(device)
+    if kind is None:
+        import torch
+
+        kind = device.type if torch.amp.is_autocast_available(device.type) else ""
+        _AUTOCAST_KIND[device] = kind
+    return kind
 
 
 # Device -> its type where torch has autocast there, "" where not (meta tensors).

@@ -6,12 +6,13 @@ pair tasks ask for each tile of a chunked call, so both follow one rule.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from .._core._flex import EMPTY
-from .._core._prepare import PlainPlan, plain_plan
+from .._core._prepare import PlainPlan, forget_checked, plain_plan
 from .._core._problem import Problem
-from .._lib._precision import torch_autocast_off
+from .._lib._precision import autocast_kind
 from .._lib._typing import Namespace
 from ._native import auto_delegates
 
@@ -19,9 +20,10 @@ __all__ = [
     "MATERIALIZE_ANY_LK_AT_LQ",
     "MATERIALIZE_MAX_PAIRS",
     "TORCH_MATERIALIZE_GQA_DECODE",
+    "Decision",
     "auto_impl",
-    "plain_kernel",
-    "plain_materializes",
+    "forget_plans",
+    "plain_decision",
     "rule_path",
 ]
 
@@ -79,8 +81,8 @@ def rule_path(
 
     The one place it is written: :func:`auto_impl` asks it for a
     :class:`Problem`, and the shortcuts of a repeat plain call
-    (:func:`plain_kernel`, :func:`plain_materializes`) for their memoised
-    plan, so the two cannot part. ``delegates`` says whether torch's kernel
+    (:func:`plain_decision`) for their memoised plan, so the two cannot
+    part. ``delegates`` says whether torch's kernel
     is exact for the call (:func:`auto_delegates`) and ``empty_tiles``
     whether a block mask leaves a tile empty; each is asked only where the
     rule needs it (the first reads the keys, the second the mask's tiles).
@@ -119,46 +121,63 @@ def _grouped_decode(*, groups: int, batch: tuple[int, ...], lq: int, lk: int, d:
     return work >= TORCH_MATERIALIZE_GQA_DECODE
 
 
-def plain_kernel(*, memo: tuple[object, ...]) -> tuple[float, int] | None:
-    """``(scale, groups)`` for a repeat torch call ``auto`` sends to SDPA as it is; else ``None``.
+def plain_decision(*, memo: tuple[object, ...], lib: str) -> Decision | None:
+    """What a repeat plain call's shortcut needs from its memoised plan; ``None`` if it has none.
 
-    ``memo`` is the call's :func:`~portattn._core._prepare.plan_key`. A
-    decode step makes the same plain call on every token, and its kernel
-    takes about 30 us: the path through :class:`Problem`, the rule above and
-    ``native_attention`` cost it as much again. A call whose memoised
-    plan (:func:`plain_plan`: checked; q, k and v 4-D in the compute dtype;
-    nothing hiding a pair) gets the rule's ``"native"`` here, and its
-    arguments for :func:`~portattn._paths._native.plain_native`, which passes the kernel what
-    ``native_attention`` would (the same bits). The kernel is exact for
-    such a call (nothing is hidden, so no key is read), and it has no block
-    mask. Under ``torch.autocast`` it is ``None``: the call goes the whole
-    way, which turns autocast off.
+    ``memo`` is the call's :func:`~portattn._core._prepare.plan_key` (or
+    ``bare_key``). Only a call :func:`~portattn._core._prepare.prepare` has
+    already checked with these very facts has a plan (:func:`plain_plan`:
+    q, k and v 4-D in the compute dtype, nothing hiding a pair or changing
+    a score), so what its checks decided holds. Returns ``(scale, groups,
+    path, autocast)``: the plan's scale (on torch ``None`` where it is
+    SDPA's default, ``1 / sqrt(d)``) and query heads per key/value
+    head, the path the rule (:func:`rule_path`) gives it on ``lib`` (the
+    inputs' library, ``"numpy"`` or ``"torch"``: the key's dtypes say
+    which, so one key never meets both), and the device type whose
+    autocast must be off (:func:`~portattn._lib._precision.autocast_kind`;
+    ``""`` on NumPy).
+
+    Decided once per plan: a decode step makes the same call on every
+    token, and asking the rule again cost it 5 us of its kernel's 30. On
+    torch the caller passes ``"native"`` plans to
+    :func:`~portattn._paths._native.plain_native` (the kernel is exact for
+    such a call: nothing is hidden, so no key is read), unless autocast is
+    on; on NumPy ``"materialize"`` plans (and any plain plan asked for
+    ``impl="materialize"``) to :func:`~portattn._paths._materialize.plain_materialize`.
+    Both pass what the whole path would (the same bits).
     """
-    plan = plain_plan(memo=memo)
-    if plan is None or _plan_path(plan, lib="torch", delegates=_yes) != "native":
-        return None
-    scale_value, groups, *_, device = plan
-    if torch_autocast_off(device) is not None:
-        return None
-    return scale_value, groups
-
-
-def plain_materializes(*, memo: tuple[object, ...], impl: str) -> tuple[float, int] | None:
-    """``(scale, groups)`` for a repeat call ``impl`` sends to the materialising path as it is.
-
-    ``impl`` is ``"auto"`` or ``"materialize"``; ``None`` where the call is
-    not a memoised plain one (:func:`plain_plan`, as for :func:`plain_kernel`)
-    or ``"auto"`` takes another path for it. The caller passes q scaled, k
-    and v to :func:`~portattn._paths._materialize.plain_materialize`, the
-    core of ``materialize_attention`` for such a call (the same bits). For
-    NumPy, whose calls :func:`auto_impl` sends to no kernel.
-    """
+    decided = _DECIDED.get(memo)
+    if decided is not None:
+        return decided
     plan = plain_plan(memo=memo)
     if plan is None:
         return None
-    if impl == "auto" and _plan_path(plan, lib="numpy", delegates=_no) != "materialize":
-        return None  # auto_impl: the blockwise path
-    return plan[0], plan[1]
+    scale, groups, *_, d, device = plan
+    if lib != "torch":
+        decided = (scale, groups, _plan_path(plan, lib=lib, delegates=_no), "")
+    else:
+        # SDPA's own default scale is 1 / sqrt(d), computed alike: left to it.
+        kernel_scale = None if scale == 1.0 / math.sqrt(d) else scale
+        path = _plan_path(plan, lib=lib, delegates=_yes)
+        decided = (kernel_scale, groups, path, autocast_kind(device))
+    if len(_DECIDED) >= _DECIDED_MAX:
+        _DECIDED.clear()
+    _DECIDED[memo] = decided
+    return decided
+
+
+#: (scale, groups, the rule's path, the device's autocast kind) of a memoised plain plan;
+#: on torch the scale is ``None`` where it is SDPA's default.
+Decision = tuple[float | None, int, str, str]
+# plan_key -> Decision, filled by plain_decision; emptied with the plans (forget_plans).
+_DECIDED: dict[tuple[object, ...], Decision] = {}
+_DECIDED_MAX = 256
+
+
+def forget_plans() -> None:
+    """Empty every memo of checked calls: the next call of any shape goes the whole way."""
+    _DECIDED.clear()
+    forget_checked()
 
 
 def _plan_path(plan: PlainPlan, *, lib: str, delegates: Callable[[], bool]) -> str:

@@ -161,17 +161,23 @@ def native_attention(p: Problem, *, return_lse: bool, xp: Namespace) -> tuple[Ar
     return out, None
 
 
-def plain_native(query: Array, key: Array, value: Array, /, *, scale: float, groups: int) -> Array:
+def plain_native(
+    query: Array, key: Array, value: Array, /, *, scale: float | None, groups: int
+) -> Array:
     """torch's SDPA on (B, H, L, d) q, k and v as they are: a plain call's ``native_attention``.
 
-    For a call ``impl="auto"`` found plain (:func:`~portattn._paths._auto.plain_kernel`),
+    For a call ``impl="auto"`` found plain (:func:`~portattn._paths._auto.plain_decision`),
     with ``scale`` and ``groups`` from its plan. ``attn_mask=None`` and
     ``is_causal=False`` are SDPA's defaults, left out: each keyword costs
-    the kernel's argument parser.
+    the kernel's argument parser. So is ``scale=None``: the plan's scale is
+    ``1 / sqrt(d)``, which SDPA computes itself the same way (in double
+    precision, then cast as an explicit scale is: the same bits).
     """
     # Read on each call (a dict lookup, cheaper than an import statement), so
     # that a patched SDPA is the one called; importing torch loads the module.
     sdpa = sys.modules["torch.nn.functional"].scaled_dot_product_attention
+    if scale is None:
+        return sdpa(query, key, value, enable_gqa=True) if groups > 1 else sdpa(query, key, value)
     if groups > 1:
         return sdpa(query, key, value, scale=scale, enable_gqa=True)
     return sdpa(query, key, value, scale=scale)
