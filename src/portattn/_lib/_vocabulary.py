@@ -63,11 +63,18 @@ def sdpa_names(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def refusing(*args: P.args, **kwargs: P.kwargs) -> R:
-        for name in SDPA_KEYWORDS if kwargs else ():  # a bare call (a decode step's) skips the loop
-            if name in kwargs:
-                msg = f"{fn.__name__}() got torch SDPA's {name}=; {SDPA_KEYWORDS[name]}"
-                raise TypeError(msg)
-        return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except TypeError:
+            # Asked only after a TypeError: a call that names one of SDPA's
+            # keywords fails to bind, before fn runs, so the error is Python's
+            # "unexpected keyword argument", replaced here. A call that
+            # succeeds (every decode step) pays for no look at its keywords.
+            for name in SDPA_KEYWORDS:
+                if name in kwargs:
+                    msg = f"{fn.__name__}() got torch SDPA's {name}=; {SDPA_KEYWORDS[name]}"
+                    raise TypeError(msg) from None
+            raise
 
     return refusing
 
