@@ -381,7 +381,7 @@ def attention(
         # maths from its memoised plan, before any lookup (_plain_call).
         memo = bare_key(query, key, value, scale=scale)
         if memo is not None:
-            out = _plain_call(query, key, value, memo=memo, impl=impl)
+            out = _plain_call(query, key, value, memo=memo, impl=impl, xp=None)
             if out is not None:
                 return out
     check_array("value", value)  # attend() reads value=None as a weights-only call
@@ -449,7 +449,7 @@ def attend(
         # options. The plan's key is computed once, here; prepare takes it on a miss.
         memo = plan_key(query, key, value, variant=variant, scale=scale)
         if memo is not None:
-            out = _plain_call(query, key, value, memo=memo, impl=impl)
+            out = _plain_call(query, key, value, memo=memo, impl=impl, xp=xp)
             if out is not None:
                 return out
     p = prepare(query, key, value, variant, scale=scale, xp=xp, scale_q=not defer, memo=memo)
@@ -463,7 +463,14 @@ _PLAIN_LIBS = ("numpy", "torch")
 
 
 def _plain_call(
-    query: Array, key: Array, value: Array, /, *, memo: tuple[object, ...], impl: object
+    query: Array,
+    key: Array,
+    value: Array,
+    /,
+    *,
+    memo: tuple[object, ...],
+    impl: object,
+    xp: Namespace | None,
 ) -> Array | None:
     """The output of a repeat plain call, straight from its memoised plan; else ``None``.
 
@@ -473,7 +480,9 @@ def _plain_call(
     (:func:`plain_native`) unless autocast is on; on NumPy ``"auto"`` and
     ``"materialize"`` hand it to the materialising path's core
     (:func:`plain_materialize`): what :func:`solve` would run, without the
-    :class:`Problem`. Any other call goes through :func:`prepare`.
+    :class:`Problem`. Any other call goes through :func:`prepare`. ``xp``
+    is the inputs' namespace where the caller has looked it up (``attend``),
+    ``None`` where it has not (a bare call: NumPy's is looked up here, once).
     """
     if type(impl) is not str:
         return None
@@ -486,7 +495,7 @@ def _plain_call(
         if scale is not None and (
             impl == "materialize" or (impl == "auto" and path == "materialize")
         ):
-            xp = array_namespace(query)
+            xp = array_namespace(query) if xp is None else xp
             return plain_materialize(query * scale, key, value, groups=groups, xp=xp)[0]
         return None
     if impl != "auto" or path != "native":
