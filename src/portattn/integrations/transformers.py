@@ -287,7 +287,7 @@ def _translate(
         options |= _sinks(kwargs.get("s_aux"), hq=hq, hkv=None, xp=xp)
         # serve(model, batch_invariant=False) marks the layers: one fused call per step
         options["batch_invariant"] = getattr(module, "portattn_batch_invariant", True)
-        q, k, v = (x[0, ...].transpose(0, 1) for x in (query, key, value))  # (T, H, d)
+        q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, d)
         return _Call(q, k, v, options, offsets, weights=False)
     options |= _masks(attention_mask, kwargs.get("position_bias"), (hq, hkv, lq, lk), xp=xp)
     options |= _causal_window(attention_mask, sliding, is_causal=is_causal, lq=lq, lk=lk)
