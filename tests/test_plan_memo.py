@@ -146,3 +146,21 @@ def test_the_adapter_rereads_offsets_written_in_place():
     fresh, _ = hf.attention_forward(layer, q, k, v, None, cu_seq_lens_q=cu.clone(),
                                     cu_seq_lens_k=cu.clone())  # fmt: skip
     assert torch.equal(moved, fresh) and not torch.equal(moved, two)
+
+
+def test_a_decode_step_with_a_new_length_takes_the_kernel_shortcut(validations, monkeypatch):
+    """Once a family is checked plain, a new Lk goes from attend to SDPA with the same bits."""
+    from portattn import _attention as entry
+
+    taken = []
+    real = entry.plain_native
+    monkeypatch.setattr(entry, "plain_native", lambda *a, **kw: taken.append(1) or real(*a, **kw))
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 1, 8, generator=gen)
+    for lk in (20, 21, 22):
+        k, v = (torch.randn(1, 2, lk, 8, generator=gen) for _ in range(2))
+        out = pa.attention(q, k, v, causal="bottom_right")
+        assert torch.equal(out, pa.attention(q, k, v, causal="bottom_right", impl="native"))
+    assert len(validations) == 1 and len(taken) == 2  # the first call went the whole way
+    with pytest.raises(ValueError, match="causal=True is ambiguous"):
+        pa.attention(q, k, v, causal=True)  # another family: checked, and refused

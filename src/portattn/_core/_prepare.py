@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+from typing import cast
 
 import numpy as np
 
@@ -440,9 +441,42 @@ def plain_plan(*, memo: tuple[object, ...]) -> PlainPlan | None:
     through :func:`prepare` (and its errors) as always.
     """
     plan = _PLANS.get(memo)
+    if plan is None:
+        plan = _plain_from_family(memo)
     if plan is None or not plan[8]:
         return None
     return plan[5], plan[7], plan[0], plan[1], plan[8], plan[4]
+
+
+def _plain_from_family(memo: tuple[object, ...]) -> _Plan | None:
+    """The plan of a q, k, v call whose family (:func:`_family_key`) was checked plain; else None.
+
+    A decode step's new ``Lk``: its family's plan holds every fact but the
+    structure, which is decided here; ``d_plain`` holds where the family's
+    did and the new structure hides nothing (as :func:`_plain_d` decides).
+    Any other call (an empty one, a structure that hides pairs or that the
+    lengths make an error) gets ``None`` and goes through :func:`prepare`.
+    """
+    shapes = memo[-3:]  # a q, k, v plan key ends with their shapes
+    if len(memo) < 4 or not all(isinstance(x, tuple) and len(x) >= 2 for x in shapes):
+        return None
+    qs, ks, vs = cast("tuple[tuple[int, ...], ...]", shapes)
+    if vs[-2] != ks[-2] or 0 in (qs[-2], ks[-2]):
+        return None
+    family = ("family", *memo[:-3], *((len(x), *x[:-2], x[-1]) for x in (qs, ks, vs)))
+    known = _PLANS.get(family)
+    if known is None or not known[8]:
+        return None
+    batch, _, out_dtype, work, dev, scale_value, laid, groups, d_plain = known
+    try:
+        structure = _structure(qs[-2], ks[-2], laid.causal, laid.window)
+    except ValueError:
+        return None  # prepare raises it, in its place among the checks
+    if not structure.trivial:
+        return None
+    plan = batch, structure, out_dtype, work, dev, scale_value, laid, groups, d_plain
+    _remember(memo, plan)
+    return plan
 
 
 def plan_key(
