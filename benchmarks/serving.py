@@ -24,7 +24,14 @@ max/min of the per-round ratios, the noise):
   (16 prompts of 1 to 30 tokens, 32 new tokens each, greedy), portattn
   (``serve``: batch-invariant; ``portattn_fused``: ``serve(...,
   batch_invariant=False)``) against ``"sdpa"`` (target >= 1.0x). The gap
-  between the two portattn rows is what batch invariance costs.
+  between the two portattn rows is what batch invariance costs. Its
+  attention calls are tiny, so it measures per-call overhead: each layer's
+  Python bookkeeping against one SDPA call;
+- ``continuous_long``: the same, on 16 prompts of 64 to 512 tokens (4794 in
+  all, drawn once from seed 1, not tuned), 32 new tokens each, the cache
+  sized for all of them and the short case's 256 tokens per step, so that
+  prompts are prefilled in chunks. Closer to serving: here ``"sdpa"`` pays
+  for its dense (tokens, keys) masks, which the packed path never builds.
 
 The varlen case's packed batch (8192² pairs) is above the fused call's bound
 (2**22 pairs), so it always runs per sequence.
@@ -143,6 +150,30 @@ def paged(rounds: int) -> dict[str, Any]:
 
 
 def continuous(rounds: int) -> dict[str, Any]:
+    """The short workload: 16 prompts of 1 to 30 tokens, 32 new tokens each."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    lens = [3, 17, 5, 9, 30, 2, 12, 7, 21, 4, 11, 6, 25, 8, 14, 1]
+    small = {"page_size": 16, "num_blocks": 128, "max_batch_tokens": 256}
+    return _generate_batch(lens, g, small, rounds)
+
+
+def continuous_long(rounds: int) -> dict[str, Any]:
+    """The long workload: 16 prompts of 64 to 512 tokens (drawn from seed 1), 32 new tokens each."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    lens = torch.randint(64, 513, (16,), generator=g).tolist()
+    # Room for every sequence at once (16 * (512 + 32) tokens, pages of 16);
+    # the short workload's token budget per step, so long prompts are
+    # prefilled in chunks, as a server does.
+    cache = {"page_size": 16, "num_blocks": 640, "max_batch_tokens": 256}
+    return _generate_batch(lens, g, cache, rounds)
+
+
+def _generate_batch(lens: list[int], g: Any, cache: dict[str, int], rounds: int) -> dict[str, Any]:
+    """Tokens/s of ``generate_batch`` on prompts of ``lens`` tokens (drawn from ``g``), paired."""
     import torch
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -150,11 +181,8 @@ def continuous(rounds: int) -> dict[str, Any]:
     from portattn.integrations.transformers import register, serve, tiny_model
 
     new = 32
-    g = torch.Generator().manual_seed(0)
-    lens = [3, 17, 5, 9, 30, 2, 12, 7, 21, 4, 11, 6, 25, 8, 14, 1]
     prompts = [torch.randint(3, 128, (m,), generator=g).tolist() for m in lens]
     greedy = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    small = {"page_size": 16, "num_blocks": 128, "max_batch_tokens": 256}
     models = {
         "sdpa": tiny_model("llama", attn_implementation="sdpa"),
         "portattn": serve(tiny_model("llama", attn_implementation=register())),
@@ -167,7 +195,7 @@ def continuous(rounds: int) -> dict[str, Any]:
         return lambda: model.generate_batch(
             prompts,
             generation_config=greedy,
-            continuous_batching_config=ContinuousBatchingConfig(**small, max_requests_per_batch=16),
+            continuous_batching_config=ContinuousBatchingConfig(**cache, max_requests_per_batch=16),
             progress_bar=False,
         )
 
@@ -199,6 +227,7 @@ def run(out: Path = OUT.parent, *, rounds: int = 5) -> dict[str, Any]:
             "varlen": varlen(rounds),
             "paged": paged(rounds),
             "continuous": continuous(rounds),
+            "continuous_long": continuous_long(rounds),
             "load_after": load(),
         }
     finally:

@@ -261,7 +261,8 @@ def attention_varlen(
             q, k, v, starts_q, spans, variant=variant, options=options, return_lse=return_lse,
             xp=xp,
         )  # fmt: skip
-    kvs = [(k[a:b, ...], v[a:b, ...]) for a, b in itertools.pairwise(starts_k)]
+    kh, vh = _heads_first(k, xp=xp), _heads_first(v, xp=xp)  # one view each, cut per sequence
+    kvs = [(kh[..., a:b, :], vh[..., a:b, :]) for a, b in itertools.pairwise(starts_k)]
     return run_sequences(
         q, starts_q, kvs, variant=variant, options=options, return_lse=return_lse, xp=xp
     )
@@ -279,11 +280,12 @@ def run_sequences(
 ) -> Array | tuple[Array, Array]:
     """Each sequence's :func:`attention`, packed back: (Tq, H, dv) and the lse (H, Tq).
 
-    ``kvs`` holds each sequence's keys and values, (Lk_i, Hkv, d), in the
-    packed layout; ``q`` is packed, cut at ``starts_q`` (at least one
-    sequence, so that :func:`attention` checks every option). ``variant``
-    holds the call's options (its ``score_mod`` sees ``b`` as the sequence's
-    index), ``options`` the scale and how to run.
+    ``kvs`` holds each sequence's keys and values heads first, (1, Hkv,
+    Lk_i, d) (:func:`_heads_first` of the packed layout); ``q`` is packed,
+    cut at ``starts_q`` (at least one sequence, so that :func:`attention`
+    checks every option). ``variant`` holds the call's options (its
+    ``score_mod`` sees ``b`` as the sequence's index), ``options`` the scale
+    and how to run.
     """
     want_lse = check_flag("return_lse", return_lse)
     spans = list(itertools.pairwise(starts_q))
@@ -296,16 +298,16 @@ def run_sequences(
             variant = dataclasses.replace(variant, score_mod=mod)
         try:
             got = attend(
-                qh[:, :, a:b, :],  # (1, H, Lq_i, d)
-                _heads_first(ki, xp=xp),
-                _heads_first(vi, xp=xp),
+                qh[..., a:b, :],  # (1, H, Lq_i, d); an ellipsis indexes torch faster
+                ki,
+                vi,
                 variant=variant,
                 return_lse=want_lse,  # the lse costs a pass, and keeps torch off SDPA
                 xp=xp,
                 **options,
             )
         except ValueError as e:
-            msg = f"sequence {i} (Lq={b - a}, Lk={ki.shape[0]}): {e}"
+            msg = f"sequence {i} (Lq={b - a}, Lk={ki.shape[2]}): {e}"
             raise ValueError(msg) from e
         out: Array = got[0] if want_lse else got
         outs.append(out)  # (1, H, Lq_i, dv)
@@ -645,7 +647,7 @@ def _own_pages(
 def _gather(
     k_pages: Array, v_pages: Array, pages: list[list[int]], lens: list[int], *, xp: Namespace
 ) -> list[tuple[Array, Array]]:
-    """Each sequence's keys and values, (L_i, Hkv, d), taken from its own pages only."""
+    """Each sequence's keys and values, (1, Hkv, L_i, d), taken from its own pages only."""
     page_size = k_pages.shape[1]
     out = []
     for own, n in zip(pages, lens, strict=True):
@@ -654,7 +656,7 @@ def _gather(
         k = xp.reshape(xp.take(k_pages, index, axis=0), (len(own) * page_size, *rest))[:n, ...]
         vrest = tuple(v_pages.shape[2:])
         v = xp.reshape(xp.take(v_pages, index, axis=0), (len(own) * page_size, *vrest))[:n, ...]
-        out.append((k, v))
+        out.append((_heads_first(k, xp=xp), _heads_first(v, xp=xp)))
     return out
 
 
@@ -681,33 +683,34 @@ def _block_diagonal(
     """The (Tq, Tk) mask of the fused call: each sequence's own pattern, in its block.
 
     Each sequence's alignment and window come from ``Structure.build``, as its
-    own call would resolve them; the pairs are then compared in one pass.
+    own call would resolve them; each query row then sees one range of key
+    slots, and the (Tq, Tk) pairs are compared with those ranges in one pass.
     """
     count = len(spans_k)
-    offset, left, right = (np.zeros(count, dtype=np.int64) for _ in range(3))
+    bounds = []  # each sequence's (offset, left, right), as its own call resolves them
     for i, ((a, b), (_, n)) in enumerate(zip(itertools.pairwise(starts_q), spans_k, strict=True)):
         try:
             s = Structure.build(b - a, n, variant.causal, variant.window)
         except ValueError as e:
             msg = f"sequence {i} (Lq={b - a}, Lk={n}): {e}"
             raise ValueError(msg) from e
-        offset[i] = s.offset
-        left[i], right[i] = s.window if s.window is not None else (0, 0)
-    lq = [b - a for a, b in itertools.pairwise(starts_q)]
+        bounds.append((s.offset, *(s.window if s.window is not None else (0, 0))))
+    offset, left, right = np.asarray(bounds, dtype=np.int64).reshape(count, 3).T
+    # Sequence i's keys are the slots [first_i, first_i + n_i): each query row
+    # sees one range of them, cut by its causal alignment and window.
+    starts, lq = np.asarray(starts_q, dtype=np.int64), np.diff(starts_q)
     seq_q = np.repeat(np.arange(count), lq)
-    pos_q = np.arange(starts_q[-1]) - np.repeat(np.asarray(starts_q[:-1], dtype=np.int64), lq)
-    seq_k = np.full(tk, -1, dtype=np.int64)  # -1: a slot no sequence reads (a page's tail)
-    pos_k = np.zeros(tk, dtype=np.int64)
-    for i, (k0, n) in enumerate(spans_k):
-        seq_k[k0 : k0 + n], pos_k[k0 : k0 + n] = i, np.arange(n)
-    aligned = (pos_q + offset[seq_q])[:, None]
-    allowed: np.ndarray = seq_q[:, None] == seq_k[None, :]
+    pos_q = np.arange(starts_q[-1]) - np.repeat(starts[:-1], lq)
+    firsts, lengths = np.asarray(spans_k, dtype=np.int64).reshape(count, 2).T
+    first, aligned = firsts[seq_q], pos_q + offset[seq_q]
+    lo, hi = first, first + lengths[seq_q]
     if variant.causal is not False:
-        allowed &= pos_k[None, :] <= aligned
+        hi = np.minimum(hi, first + aligned + 1)
     if variant.window is not None:
-        allowed &= (pos_k[None, :] >= aligned - left[seq_q][:, None]) & (
-            pos_k[None, :] <= aligned + right[seq_q][:, None]
-        )
+        lo = np.maximum(lo, first + aligned - left[seq_q])
+        hi = np.minimum(hi, first + aligned + right[seq_q] + 1)
+    slot = np.arange(tk)[None, :]
+    allowed: np.ndarray = (slot >= lo[:, None]) & (slot < hi[:, None])
     return allowed
 
 
@@ -826,7 +829,8 @@ def run_fused(
         # sequence alone never sees another's keys. Only where the output
         # can be read: in a trace (jax.jit, torch.compile) or on dask, such
         # a key still reaches the other sequences' rows (documented above).
-        kvs = [(k[a : a + n, ...], v[a : a + n, ...]) for a, n in spans_k]
+        kh, vh = _heads_first(k, xp=xp), _heads_first(v, xp=xp)
+        kvs = [(kh[..., a : a + n, :], vh[..., a : a + n, :]) for a, n in spans_k]
         return run_sequences(
             q, starts_q, kvs, variant=variant, options=options, return_lse=want_lse, xp=xp
         )

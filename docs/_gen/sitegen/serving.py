@@ -335,8 +335,17 @@ _REC = {
         "ja": "| 測定 | 対象 | 時間の中央値 | 1行目の時間との比(小さいほど速い) |",
     },
     "tokens_head": {
-        "en": '| attention | tokens/s | speed against `"sdpa"` |',
-        "ja": '| attention | トークン/秒 | `"sdpa"` に対する速さ |',
+        "en": '| workload | attention | tokens/s | speed against `"sdpa"` |',
+        "ja": '| 負荷 | attention | トークン/秒 | `"sdpa"` に対する速さ |',
+    },
+    # The record's continuous-batching workloads, in the table's order.
+    "continuous": {
+        "en": "short prompts (1 to 30 tokens)",
+        "ja": "短いプロンプト(1〜30トークン)",
+    },
+    "continuous_long": {
+        "en": "long prompts (64 to 512 tokens)",
+        "ja": "長いプロンプト(64〜512トークン)",
     },
     "missing": {
         "en": "*(not in this record: run `python benchmarks/serving.py`)*",
@@ -371,14 +380,16 @@ def speed_markdown(*, lang: str = "en") -> str:
 
 
 def tokens_markdown(*, lang: str = "en") -> str:
-    """Continuous batching's tokens/s, portattn against sdpa, from the record."""
-    rows = record().get("continuous", {})
-    if not rows:
+    """Continuous batching's tokens/s, portattn against sdpa, per workload, from the record."""
+    workloads = [w for w in ("continuous", "continuous_long") if record().get(w)]
+    if not workloads:
         return _REC["missing"][lang]
-    lines = [_REC["tokens_head"][lang], "|---|---|---|"]
-    for name, row in rows.items():
-        speed = row.get("speed_vs_sdpa", 1.0)
-        lines.append(f"| `{name}` | {row['tokens_per_s']:.0f} | {speed:.2f}\u00d7 |")
+    lines = [_REC["tokens_head"][lang], "|---|---|---|---|"]
+    for workload in workloads:
+        label = _REC[workload][lang]
+        for name, row in record()[workload].items():
+            speed = row.get("speed_vs_sdpa", 1.0)
+            lines.append(f"| {label} | `{name}` | {row['tokens_per_s']:.0f} | {speed:.2f}\u00d7 |")
     return "\n".join(lines)
 
 

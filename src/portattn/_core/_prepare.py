@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+from typing import cast
 
 import numpy as np
 
@@ -301,13 +302,7 @@ def prepare(
         memo = plan_key(query, key, value, variant=variant, scale=scale)
     plan = None if memo is None else _PLANS.get(memo)
     if plan is None:
-        # Grouped-query attention: k and v keep their Hkv heads (_core/_groups).
-        groups = kv_groups(query, key, value)  # shapes alone: memoised with the plan
-        plan = _validate(query, key, value, variant, scale, groups, xp=xp)
-        if memo is not None:
-            if len(_PLANS) >= _STRUCTURES_MAX:
-                _PLANS.clear()
-            _PLANS[memo] = plan
+        plan = _plan(query, key, value, variant, scale, memo, xp=xp)
     p = _problem(query, key, value, plan, scale_q=scale_q, xp=xp)
     if score_mod is None and block_mask is None:
         return p
@@ -318,12 +313,128 @@ def prepare(
 
 
 def forget_checked() -> None:
-    """Empty the memo of checked calls.
+    """Empty the memo of checked calls (plans, families and array plans alike).
 
     Call ``_paths/_auto.forget_plans`` instead: it empties what derives
     from these plans too.
     """
     _PLANS.clear()
+
+
+def _plan(
+    query: Array,
+    key: Array,
+    value: Array | None,
+    variant: Variant,
+    scale: object,
+    memo: tuple[object, ...] | None,
+    *,
+    xp: Namespace,
+) -> _Plan:
+    """:func:`_validate`'s plan of a call not in :data:`_PLANS`, memoised where it may be.
+
+    A call without array options whose family (:func:`_family_key`: the same
+    facts but the lengths) was validated takes that plan's facts, with only
+    the structure and ``d_plain`` decided anew: a decode step over a growing
+    cache changes ``Lk`` on every token. A call with array options (the fused
+    varlen mask) is memoised on their dtypes, shapes and devices
+    (:func:`_arrays_key`); its arrays are laid out anew on every call.
+    """
+    if memo is None:
+        return _array_plan(query, key, value, variant, scale, xp=xp)
+    family = _family_key(query, key, value, memo)
+    known = None if family is None else _PLANS.get(family)
+    if known is None:
+        # Grouped-query attention: k and v keep their Hkv heads (_core/_groups).
+        groups = kv_groups(query, key, value)  # shapes alone: memoised with the plan
+        plan = _validate(query, key, value, variant, scale, groups, xp=xp)
+        if family is not None:
+            _remember(family, plan)
+    else:
+        batch, _, out_dtype, work, dev, scale_value, laid, groups, _ = known
+        structure = _structure(query.shape[-2], key.shape[-2], variant.causal, variant.window)
+        d_plain = _plain_d(
+            query, key, value, batch=batch, groups=groups, work=work, variant=laid,
+            structure=structure,
+        )  # fmt: skip
+        plan = batch, structure, out_dtype, work, dev, scale_value, laid, groups, d_plain
+    _remember(memo, plan)
+    return plan
+
+
+def _remember(key: tuple[object, ...], plan: _Plan) -> None:
+    """``plan`` in :data:`_PLANS`: plan keys, and the family and array keys, marked by a string."""
+    if len(_PLANS) >= _STRUCTURES_MAX:
+        _PLANS.clear()
+    _PLANS[key] = plan
+
+
+def _family_key(
+    query: Array, key: Array, value: Array | None, memo: tuple[object, ...]
+) -> tuple[object, ...] | None:
+    """``memo`` (a :func:`plan_key`) without ``Lq`` and ``Lk``; ``None`` for a call to check whole.
+
+    Every check of :func:`_validate` but the structure's reads the same facts
+    whatever the lengths (ranks, dtypes, ``d``, heads, devices, the scale):
+    only :func:`_structure` and :func:`_plain_d` read them. A call with an
+    array of rank < 2, or whose value's ``Lk`` is not key's, is validated
+    whole, for its error.
+    """
+    arrays = (query, key) if value is None else (query, key, value)
+    if any(x.ndim < 2 for x in arrays) or (value is not None and value.shape[-2] != key.shape[-2]):
+        return None
+    unsized = [(x.ndim, *x.shape[:-2], x.shape[-1]) for x in arrays]
+    return ("family", *memo[: -len(arrays)], *unsized)
+
+
+def _array_plan(
+    query: Array, key: Array, value: Array | None, variant: Variant, scale: object, *, xp: Namespace
+) -> _Plan:
+    """The plan of a call with array options, memoised on everything but their values.
+
+    What :func:`_validate` checks and decides reads the arrays' types, dtypes,
+    shapes and devices only, never their values; the plan keeps no array: on
+    every call :func:`_laid_out` lays this call's own arrays out.
+    """
+    memo = _arrays_key(query, key, value, variant, scale)
+    plan = None if memo is None else _PLANS.get(memo)
+    if plan is None:
+        groups = kv_groups(query, key, value)
+        plan = _validate(query, key, value, variant, scale, groups, xp=xp)
+        if memo is None:
+            return plan
+        batch, structure, out_dtype, work, dev, scale_value, laid, groups, d_plain = plan
+        kept = laid.without_arrays()  # never an array in the memo
+        _remember(
+            memo, (batch, structure, out_dtype, work, dev, scale_value, kept, groups, d_plain)
+        )
+        return plan
+    batch, structure, out_dtype, work, dev, scale_value, _, groups, d_plain = plan
+    sizes = (query.shape[-2], key.shape[-2])
+    laid = _laid_out(variant, variant.arrays(), len(batch), work, sizes, xp=xp, device=dev)
+    return batch, structure, out_dtype, work, dev, scale_value, laid, groups, d_plain
+
+
+def _arrays_key(
+    query: Array, key: Array, value: Array | None, variant: Variant, scale: object
+) -> tuple[object, ...] | None:
+    """:func:`plan_key` without the arrays, plus their names, dtypes, shapes and devices.
+
+    ``None`` where the call is not memoisable (:func:`plan_key`), or an
+    array option is not of the inputs' own type (a subclass, a tracer).
+    """
+    if variant.mods is not None:
+        return None
+    memo = plan_key(query, key, value, variant=variant.without_arrays(), scale=scale)
+    if memo is None:
+        return None
+    t, numpy = type(query), type(query) is np.ndarray
+    memo = ("arrays", *memo)
+    for name, x in variant.arrays():
+        if type(x) is not t:
+            return None
+        memo += (name, x.dtype, x.shape, None if numpy else x.device)
+    return memo
 
 
 # (scale, groups, batch, structure, d, device) of a memoised plain call.
@@ -339,9 +450,42 @@ def plain_plan(*, memo: tuple[object, ...]) -> PlainPlan | None:
     through :func:`prepare` (and its errors) as always.
     """
     plan = _PLANS.get(memo)
+    if plan is None:
+        plan = _plain_from_family(memo)
     if plan is None or not plan[8]:
         return None
     return plan[5], plan[7], plan[0], plan[1], plan[8], plan[4]
+
+
+def _plain_from_family(memo: tuple[object, ...]) -> _Plan | None:
+    """The plan of a q, k, v call whose family (:func:`_family_key`) was checked plain; else None.
+
+    A decode step's new ``Lk``: its family's plan holds every fact but the
+    structure, which is decided here; ``d_plain`` holds where the family's
+    did and the new structure hides nothing (as :func:`_plain_d` decides).
+    Any other call (an empty one, a structure that hides pairs or that the
+    lengths make an error) gets ``None`` and goes through :func:`prepare`.
+    """
+    shapes = memo[-3:]  # a q, k, v plan key ends with their shapes
+    if len(memo) < 4 or not all(isinstance(x, tuple) and len(x) >= 2 for x in shapes):
+        return None
+    qs, ks, vs = cast("tuple[tuple[int, ...], ...]", shapes)
+    if vs[-2] != ks[-2] or 0 in (qs[-2], ks[-2]):
+        return None
+    family = ("family", *memo[:-3], *((len(x), *x[:-2], x[-1]) for x in (qs, ks, vs)))
+    known = _PLANS.get(family)
+    if known is None or not known[8]:
+        return None
+    batch, _, out_dtype, work, dev, scale_value, laid, groups, d_plain = known
+    try:
+        structure = _structure(qs[-2], ks[-2], laid.causal, laid.window)
+    except ValueError:
+        return None  # prepare raises it, in its place among the checks
+    if not structure.trivial:
+        return None
+    plan = batch, structure, out_dtype, work, dev, scale_value, laid, groups, d_plain
+    _remember(memo, plan)
+    return plan
 
 
 def plan_key(
@@ -360,12 +504,15 @@ def plan_key(
     options = variant.memo_key()
     if options is None:
         return None
-    memo = (query.dtype, query.shape, key.dtype, key.shape, scale, *options)
+    memo = (query.dtype, key.dtype, scale, *options)
     if value is not None:
-        memo += (value.dtype, value.shape)
+        memo += (value.dtype,)
     if type(query) is not np.ndarray:
         memo += (query.device, key.device, None if value is None else value.device)
-    return memo
+    # The shapes last, where _family_key finds them.
+    if value is None:
+        return (*memo, query.shape, key.shape)
+    return (*memo, query.shape, key.shape, value.shape)
 
 
 def bare_key(
@@ -380,16 +527,17 @@ def bare_key(
     t = type(query)
     if type(key) is not t or type(value) is not t or type(scale) not in _SCALES:
         return None
-    # One tuple, built at once: a decode step pays for each copy.
+    # One tuple, built at once (a decode step pays for each copy), in
+    # plan_key's order: the shapes last.
     if t is np.ndarray:
         return (
             query.dtype,
-            query.shape,
             key.dtype,
-            key.shape,
             scale,
             *_BARE_OPTIONS,
             value.dtype,
+            query.shape,
+            key.shape,
             value.shape,
         )
     torch = sys.modules.get("torch")
@@ -397,16 +545,16 @@ def bare_key(
         return None
     return (
         query.dtype,
-        query.shape,
         key.dtype,
-        key.shape,
         scale,
         *_BARE_OPTIONS,
         value.dtype,
-        value.shape,
         query.device,
         key.device,
         value.device,
+        query.shape,
+        key.shape,
+        value.shape,
     )
 
 

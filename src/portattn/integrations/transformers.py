@@ -125,6 +125,7 @@ _HONOURED = frozenset(
     {"is_causal", "sliding_window", "softcap", "position_bias", "s_aux", "cu_seq_lens_q",
      "cu_seq_lens_k"}
 )  # fmt: skip
+_KNOWN = _NO_EFFECT | _HONOURED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,7 +287,7 @@ def _translate(
         options |= _sinks(kwargs.get("s_aux"), hq=hq, hkv=None, xp=xp)
         # serve(model, batch_invariant=False) marks the layers: one fused call per step
         options["batch_invariant"] = getattr(module, "portattn_batch_invariant", True)
-        q, k, v = (x[0, ...].transpose(0, 1) for x in (query, key, value))  # (T, H, d)
+        q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, d)
         return _Call(q, k, v, options, offsets, weights=False)
     options |= _masks(attention_mask, kwargs.get("position_bias"), (hq, hkv, lq, lk), xp=xp)
     options |= _causal_window(attention_mask, sliding, is_causal=is_causal, lq=lq, lk=lk)
@@ -324,9 +325,7 @@ def _check_call(
     kwargs: dict[str, Any],
 ) -> None:
     """What attention_forward refuses: unknown keyword arguments, dropout, shapes."""
-    extra = sorted(
-        n for n, x in kwargs.items() if x is not None and n not in _NO_EFFECT | _HONOURED
-    )
+    extra = sorted(n for n, x in kwargs.items() if x is not None and n not in _KNOWN)
     if extra:
         msg = (
             f"portattn cannot honour the keyword argument(s) {', '.join(extra)} that the model "
@@ -417,9 +416,26 @@ def _packed_offsets(
 
 
 def _host_offsets(cu: object) -> list[int]:
-    if isinstance(cu, torch.Tensor):
-        return [int(n) for n in cu.tolist()]
-    return [int(n) for n in cast("Sequence[int]", cu)]
+    """``cu`` as Python ints; a tensor's read once per version: a step's layers repeat it."""
+    if not isinstance(cu, torch.Tensor):
+        return [int(n) for n in cast("Sequence[int]", cu)]
+    if type(cu) is not torch.Tensor or cu.is_inference() or torch.compiler.is_compiling():
+        return [int(n) for n in cu.tolist()]  # no version counter to trust: read it
+    # Keyed on the tensor itself (held, so that its id is not reused) and its
+    # version, which every in-place write bumps, through any view of its
+    # storage: continuous batching refills one buffer in place every step.
+    held = _OFFSETS.get(id(cu))
+    if held is not None and held[0] is cu and held[1] == cu._version:
+        return list(held[2])
+    values = [int(n) for n in cu.tolist()]
+    if len(_OFFSETS) >= 8:
+        _OFFSETS.clear()
+    _OFFSETS[id(cu)] = (cu, cu._version, tuple(values))
+    return values
+
+
+# The offsets last read from tensors: (tensor, version, values) by id.
+_OFFSETS: dict[int, tuple[torch.Tensor, int, tuple[int, ...]]] = {}
 
 
 def _mask_parts(
