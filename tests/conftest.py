@@ -324,3 +324,17 @@ def jitted(backend: Backend, fn: Callable[..., Any], /, **jit_options: Any) -> C
     import jax
 
     return jax.jit(fn, **jit_options)
+
+
+@pytest.fixture(autouse=True)
+def _no_plans_from_other_tests():
+    """Every test starts with no memoised plan or decision.
+
+    A repeat call of the same shapes would otherwise take its shortcut from a
+    plan an earlier test in the same worker left, and what a test sees (which
+    path ran, how many validations, a rule constant it patched) would depend
+    on the order the tests ran in.
+    """
+    from portattn._paths import _auto
+
+    _auto.forget_plans()

@@ -18,6 +18,7 @@ import pytest
 
 import portattn as pa
 from portattn._core import _prepare
+from portattn._paths import _auto
 
 torch = pytest.importorskip("torch")
 
@@ -45,6 +46,7 @@ def validations(monkeypatch):
         _prepare, "_validate", lambda *a, **kw: calls.append(1) or validate(*a, **kw)
     )
     monkeypatch.setattr(_prepare, "_PLANS", {})
+    monkeypatch.setattr(_auto, "_DECIDED", {})  # the shortcut's decisions derive from the plans
     return calls
 
 
@@ -104,9 +106,9 @@ def test_a_repeat_call_with_a_mask_reuses_the_plan_and_reads_its_own_mask(lib, v
     assert len(validations) == 2
     with pytest.raises(TypeError, match="expected mask to be a boolean array"):
         pa.attention(q, k, v, mask=as_array(masks[0].astype(np.float64)), scale=0.5)
-    assert not any(
-        isinstance(x, np.ndarray | torch.Tensor) for plan in _prepare._PLANS.values() for x in plan
-    )  # the memo holds no array
+    for plan in _prepare._PLANS.values():  # the memo holds no array, not even in its variant
+        assert not any(isinstance(x, np.ndarray | torch.Tensor) for x in plan)
+        assert not plan[6].arrays()
 
 
 def test_the_fused_varlen_call_follows_each_steps_offsets(validations):

@@ -446,7 +446,8 @@ def attend(
     if value is not None and block_size is None and return_lse is False and lib in _PLAIN_LIBS:
         # A repeat plain call (a layer's decode step) goes straight to the
         # maths: its checks were memoised on its dtypes, shapes, devices and
-        # options. The plan's key is computed once, here; prepare takes it on a miss.
+        # options (or its family's, all but the lengths: _core/_prepare).
+        # The plan's key is computed once, here; prepare takes it on a miss.
         memo = plan_key(query, key, value, variant=variant, scale=scale)
         if memo is not None:
             out = _plain_call(query, key, value, memo=memo, impl=impl, xp=xp)
@@ -495,6 +496,8 @@ def _plain_call(
         if scale is not None and (
             impl == "materialize" or (impl == "auto" and path == "materialize")
         ):
+            # Looked up here, not by the caller: a bare call on torch needs
+            # none, and each lookup is a dict probe a decode step pays for.
             xp = array_namespace(query) if xp is None else xp
             return plain_materialize(query * scale, key, value, groups=groups, xp=xp)[0]
         return None

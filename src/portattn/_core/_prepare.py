@@ -76,8 +76,10 @@ def _structure(lq: int, lk: int, causal: bool | Align, window: tuple[int, int] |
 # device, scale, the variant laid out for the paths, the query heads per
 # key/value head, and the feature size d where a repeat call's shortcut may
 # take the inputs as they are (_paths/_auto.plain_decision), else 0.
-# Memoised for NumPy and eager torch calls without array options (their
-# variant holds no array).
+# Memoised for NumPy and eager torch calls: by plan_key, by family (the key
+# without the lengths: _family_key) and, for calls with array options, on
+# their dtypes, shapes and devices (_arrays_key; the plan's variant then
+# holds no array).
 _Plan = tuple[tuple[int, ...], Structure, DType, DType, Device, float, Variant, int, int]
 _PLANS: dict[tuple[object, ...], _Plan] = {}
 
@@ -445,9 +447,11 @@ def plain_plan(*, memo: tuple[object, ...]) -> PlainPlan | None:
     """``(scale, groups, batch, structure, d, device)`` of a repeat call a kernel takes as it is.
 
     Only a call :func:`prepare` has already checked with these very facts
-    (dtypes, shapes, devices, options: ``memo``, its :func:`plan_key`) has a plan here, so
-    what its checks decided holds. ``None`` for any other call, which goes
-    through :func:`prepare` (and its errors) as always.
+    (dtypes, shapes, devices, options: ``memo``, its :func:`plan_key`), or
+    whose family (the same facts but the lengths, :func:`_family_key`) it
+    checked and whose new lengths hide nothing (:func:`_plain_from_family`),
+    has a plan here, so what the checks decided holds. ``None`` for any
+    other call, which goes through :func:`prepare` (and its errors) as always.
     """
     plan = _PLANS.get(memo)
     if plan is None:
@@ -497,9 +501,7 @@ def plan_key(
     such bookkeeping) skips the checks. (``xp`` is these arrays' namespace:
     callers look it up from them; torch's key holds the devices.)
     """
-    if not _memoisable(query, key, value) or not (
-        scale is None or type(scale) is float or type(scale) is int
-    ):
+    if not _memoisable(query, key, value) or type(scale) not in _SCALES:
         return None
     options = variant.memo_key()
     if options is None:

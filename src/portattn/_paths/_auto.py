@@ -125,10 +125,11 @@ def plain_decision(*, memo: tuple[object, ...], lib: str) -> Decision | None:
     """What a repeat plain call's shortcut needs from its memoised plan; ``None`` if it has none.
 
     ``memo`` is the call's :func:`~portattn._core._prepare.plan_key` (or
-    ``bare_key``). Only a call :func:`~portattn._core._prepare.prepare` has
-    already checked with these very facts has a plan (:func:`plain_plan`:
-    q, k and v 4-D in the compute dtype, nothing hiding a pair or changing
-    a score), so what its checks decided holds. Returns ``(scale, groups,
+    ``bare_key``). Only a call whose facts (or whose family's, all but the
+    lengths) :func:`~portattn._core._prepare.prepare` has already checked
+    has a plan (:func:`plain_plan`: q, k and v 4-D in the compute dtype,
+    nothing hiding a pair or changing a score), so what its checks decided
+    holds. Returns ``(scale, groups,
     path, autocast)``: the plan's scale (on torch ``None`` where it is
     SDPA's default, ``1 / sqrt(d)``) and query heads per key/value
     head, the path the rule (:func:`rule_path`) gives it on ``lib`` (the

@@ -416,7 +416,13 @@ def _packed_offsets(
 
 
 def _host_offsets(cu: object) -> list[int]:
-    """``cu`` as Python ints; a tensor's read once per version: a step's layers repeat it."""
+    """``cu`` as Python ints; a tensor's read once per version: a step's layers repeat it.
+
+    The version counter sees every write torch makes (continuous batching
+    refills its buffer by slice assignment), not writes that bypass it
+    (through ``.data``, a NumPy view from ``.numpy()`` or DLPack): a caller
+    that writes offsets that way must pass a new tensor.
+    """
     if not isinstance(cu, torch.Tensor):
         return [int(n) for n in cast("Sequence[int]", cu)]
     if type(cu) is not torch.Tensor or cu.is_inference() or torch.compiler.is_compiling():
