@@ -22,7 +22,7 @@ from ._core._masks import Causal
 from ._core._modspec import ScoreMod
 from ._core._prepare import bare_key, plan_key, prepare
 from ._core._problem import Problem
-from ._core._variant import Variant, build_variant
+from ._core._variant import Variant, build_variant, no_array_or_mod
 from ._grad._autodiff import blockwise_attention
 from ._lib._checks import check_array, check_flag, check_int_pair
 from ._lib._compat import array_namespace, namespace_library
@@ -363,19 +363,9 @@ def attention(
     >>> out.shape, lse.shape
     ((3, 2), (3,))
     """
-    if (
-        mask is None
-        and bias is None
-        and causal is False
-        and window is None
-        and key_lengths is None
-        and query_lengths is None
-        and softcap is None
-        and score_mod is None
-        and block_mask is None
-        and sinks is None
-        and block_size is None
-        and return_lse is False
+    bare = causal is False and window is None and block_size is None and return_lse is False
+    if bare and no_array_or_mod(
+        mask, bias, key_lengths, query_lengths, softcap, score_mod, block_mask, sinks
     ):
         # A bare call (a decode step's): a repeat one goes straight to the
         # maths from its memoised plan, before any lookup (_plain_call).

@@ -27,7 +27,15 @@ from .._lib._typing import Array
 from ._flex import Mods, flex_mods
 from ._masks import Align, Structure, normalize_causal, normalize_window
 
-__all__ = ["OPTIONS", "SINK", "ArraySpec", "Variant", "build_variant", "variant_from"]
+__all__ = [
+    "OPTIONS",
+    "SINK",
+    "ArraySpec",
+    "Variant",
+    "build_variant",
+    "no_array_or_mod",
+    "variant_from",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +241,34 @@ _scalars_of = operator.attrgetter(*_SCALARS)
 _PLAIN: dict[tuple[object, object], Variant] = {}
 
 
+def no_array_or_mod(
+    mask: object,
+    bias: object,
+    key_lengths: object,
+    query_lengths: object,
+    softcap: object,
+    score_mod: object,
+    block_mask: object,
+    sinks: object,
+    /,
+) -> bool:
+    """Whether every option but the positions (``causal``, ``window``) is left out.
+
+    :func:`build_variant` then takes its memoised plain variant, and the
+    public entry (with the positions left out too) its bare-call shortcut.
+    """
+    return (
+        mask is None
+        and bias is None
+        and key_lengths is None
+        and query_lengths is None
+        and softcap is None
+        and score_mod is None
+        and block_mask is None
+        and sinks is None
+    )
+
+
 def build_variant(
     *,
     mask: Array | None = None,
@@ -257,15 +293,8 @@ def build_variant(
     # The defaults need no call: a small call feels each.
     aligned = False if causal is False else normalize_causal(causal)
     sizes = None if window is None else normalize_window(window)
-    plain = (
-        mask is None
-        and bias is None
-        and key_lengths is None
-        and query_lengths is None
-        and softcap is None
-        and score_mod is None
-        and block_mask is None
-        and sinks is None
+    plain = no_array_or_mod(
+        mask, bias, key_lengths, query_lengths, softcap, score_mod, block_mask, sinks
     )
     if plain:  # built once per (causal, window): a small call feels a dataclass's __init__
         variant = _PLAIN.get((aligned, sizes))
