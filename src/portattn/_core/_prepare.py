@@ -385,8 +385,17 @@ def _family_key(
     arrays = (query, key) if value is None else (query, key, value)
     if any(x.ndim < 2 for x in arrays) or (value is not None and value.shape[-2] != key.shape[-2]):
         return None
-    unsized = [(x.ndim, *x.shape[:-2], x.shape[-1]) for x in arrays]
-    return ("family", *memo[: -len(arrays)], *unsized)
+    return _family_of(memo, len(arrays))
+
+
+def _family_of(memo: tuple[object, ...], n: int) -> tuple[object, ...]:
+    """The family key of a plan key ``memo`` whose last ``n`` entries are the arrays' shapes.
+
+    Each shape loses its lengths (its last-but-one axis) and keeps its rank:
+    the one spelling both :func:`_family_key` and :func:`_plain_from_family` use.
+    """
+    shapes = cast("tuple[tuple[int, ...], ...]", memo[-n:])
+    return ("family", *memo[:-n], *((len(s), *s[:-2], s[-1]) for s in shapes))
 
 
 def _array_plan(
@@ -476,8 +485,7 @@ def _plain_from_family(memo: tuple[object, ...]) -> _Plan | None:
     qs, ks, vs = cast("tuple[tuple[int, ...], ...]", shapes)
     if vs[-2] != ks[-2] or 0 in (qs[-2], ks[-2]):
         return None
-    family = ("family", *memo[:-3], *((len(x), *x[:-2], x[-1]) for x in (qs, ks, vs)))
-    known = _PLANS.get(family)
+    known = _PLANS.get(_family_of(memo, 3))
     if known is None or not known[8]:
         return None
     batch, _, out_dtype, work, dev, scale_value, laid, groups, d_plain = known
