@@ -24,6 +24,7 @@ from .._lib._typing import Array, Namespace
 
 __all__ = [
     "check_heads",
+    "fold_rows",
     "group_heads",
     "group_mask",
     "group_per_head",
@@ -33,6 +34,7 @@ __all__ = [
     "kv_groups",
     "repeat_kv",
     "split_heads",
+    "unfold_rows",
     "ungroup_heads",
 ]
 
@@ -77,6 +79,21 @@ def _view(x: Array, shape: tuple[int, ...], *, xp: Namespace) -> Array:
     return xp.reshape(x, shape)
 
 
+def fold_rows(a: Array, groups: int, *, xp: Namespace) -> Array:
+    """``a`` (..., H, m, n) as (..., Hkv, G * m, n): each key/value head's group as one matrix.
+
+    A view of a contiguous ``a``; :func:`unfold_rows` undoes it.
+    """
+    shape = a.shape
+    return _view(a, (*shape[:-3], shape[-3] // groups, groups * shape[-2], shape[-1]), xp=xp)
+
+
+def unfold_rows(x: Array, groups: int, *, xp: Namespace) -> Array:
+    """``x`` (..., Hkv, G * m, p) back to (..., H, m, p), ``H = G * Hkv``: fold_rows undone."""
+    shape = x.shape
+    return _view(x, (*shape[:-3], shape[-3] * groups, shape[-2] // groups, shape[-1]), xp=xp)
+
+
 def grouped_matmul(a: Array, b: Array, groups: int, *, xp: Namespace) -> Array:
     """``a @ b`` where ``a`` (..., H, m, n) has query heads and ``b`` (..., Hkv, n, p) KV heads.
 
@@ -84,9 +101,7 @@ def grouped_matmul(a: Array, b: Array, groups: int, *, xp: Namespace) -> Array:
     """
     if groups == 1:
         return a @ b
-    *lead, h, m, n = a.shape
-    folded = _view(a, (*lead, h // groups, groups * m, n), xp=xp) @ b  # (..., Hkv, G*m, p)
-    return _view(folded, (*folded.shape[:-3], h, m, folded.shape[-1]), xp=xp)
+    return unfold_rows(fold_rows(a, groups, xp=xp) @ b, groups, xp=xp)  # via (..., Hkv, G*m, p)
 
 
 def grouped_matmul_t(a: Array, b: Array, groups: int, *, xp: Namespace) -> Array:

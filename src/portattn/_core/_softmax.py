@@ -17,6 +17,7 @@ from .._lib._compat import (
     host_float,
     is_concrete,
     max_last,
+    shifted_exp,
     sum_last,
 )
 from .._lib._precision import compute_dtype, narrow
@@ -168,10 +169,6 @@ def masked_exp(
     entries but leaves every row its first key), so no row max is ``-inf``
     and the shift needs no guard.
     """
-    # Python scalars in where() keep the array's dtype (array API 2024.12).
-    if allowed is not None:
-        scores = xp.where(allowed, scores, -math.inf)
-    row_max = max_last(scores, xp=xp)
     floor = exp_floor(scores.dtype, xp=xp)
     if not may_hide and allowed is None:
         # Nothing is -inf, so no row is empty; raising exponents below the
@@ -179,8 +176,12 @@ def masked_exp(
         # under 1e-25: one cheap pass instead of a compare and a where.
         # scores - row_max is fresh scratch: clipped and exponentiated in place
         # on NumPy and torch (two fewer allocations of the scores' size).
-        e = clipped_exp(scores - row_max, floor, xp=xp, overwrite=True)
-    elif no_empty_rows and not may_hide:
+        return shifted_exp(scores, floor, xp=xp)
+    # Python scalars in where() keep the array's dtype (array API 2024.12).
+    if allowed is not None:
+        scores = xp.where(allowed, scores, -math.inf)
+    row_max = max_last(scores, xp=xp)
+    if no_empty_rows and not may_hide:
         e = safe_exp(scores - row_max, floor, xp=xp)  # hidden entries: exp(-inf) = 0
     else:
         e = safe_exp(scores - row_shift(row_max, xp=xp), floor, xp=xp)

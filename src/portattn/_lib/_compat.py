@@ -289,6 +289,25 @@ def clipped_exp(x: Any, floor: float, *, xp: ModuleType, overwrite: bool = False
     return xp.exp(at_least(x, floor, xp=xp))
 
 
+def shifted_exp(x: Any, floor: float, *, xp: ModuleType) -> tuple[Any, Any, Any]:
+    """``(exp(max(x - m, floor)), m, sum)`` over the last axis, ``m`` the row max (axes kept).
+
+    The softmax of scores with nothing hidden (no ``-inf``, so no empty
+    row), as :func:`max_last`, :func:`clipped_exp` on the fresh difference
+    and :func:`sum_last` compute it; NumPy's four ufunc passes are spelled
+    here (a decode step paid about a microsecond per helper call).
+    """
+    if type(x) is _np.ndarray:
+        m = _np.maximum.reduce(x, axis=-1, keepdims=True)
+        e = x - m
+        _np.maximum(e, floor, out=e)
+        _np.exp(e, out=e)
+        return e, m, _np.add.reduce(e, axis=-1, keepdims=True)
+    m = max_last(x, xp=xp)
+    e = clipped_exp(x - m, floor, xp=xp, overwrite=True)
+    return e, m, sum_last(e, xp=xp)
+
+
 def matrix_transpose(x: Any, *, xp: ModuleType) -> Any:
     """``xp.matrix_transpose(x)``: the last two axes swapped (a view on NumPy)."""
     if type(x) is _np.ndarray:

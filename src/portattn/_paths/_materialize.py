@@ -6,10 +6,10 @@ sequences, where blocking machinery costs more than the memory it saves.
 
 from __future__ import annotations
 
-from .._core._groups import grouped_matmul
+from .._core._groups import fold_rows, grouped_matmul, unfold_rows
 from .._core._problem import Problem, empty_result, empty_scores, expand
-from .._core._softmax import add_sink, lse_from, masked_exp, masked_softmax, nonzero
-from .._lib._compat import matrix_transpose
+from .._core._softmax import add_sink, exp_floor, lse_from, masked_exp, masked_softmax, nonzero
+from .._lib._compat import matrix_transpose, shifted_exp
 from .._lib._typing import Array, Namespace
 
 __all__ = ["materialize_attention", "materialize_weights", "plain_materialize"]
@@ -35,6 +35,8 @@ def materialize_attention(
         return empty_result(p, xp=xp)
     if _plain(p):
         out, row_max, total = plain_materialize(p.q, p.k, p.v, groups=p.groups, xp=xp)
+        if want_lse and p.groups > 1:  # (..., Hkv, G*Lq, 1) -> (..., H, Lq, 1)
+            row_max, total = (unfold_rows(x, p.groups, xp=xp) for x in (row_max, total))
     else:
         out, row_max, total = _weighted(p, xp=xp)
     out = expand(out, (*p.batch, s.lq, p.v.shape[-1]), xp=xp)
@@ -48,15 +50,22 @@ def plain_materialize(
 ) -> tuple[Array, Array, Array]:
     """``softmax(q kᵀ) v`` for a scaled ``q`` with nothing hiding a pair or changing a score.
 
-    Returns the output (..., Lq, dv), the row max and the row sum (..., Lq, 1).
+    Returns the output (..., H, Lq, dv), and the row max and row sum with
+    the group folded into the rows, (..., H / groups, groups * Lq, 1)
+    (:func:`~portattn._core._groups.unfold_rows` gives (..., H, Lq, 1)).
     The core of :func:`materialize_attention` for a plain call, and all of
-    a repeat plain NumPy call (``attend``'s shortcut): one function, so the
-    two give the same bits. ``k`` and ``v`` have ``H / groups`` heads.
+    a repeat plain NumPy call (the public entry's shortcut): one function,
+    so the two give the same bits. ``k`` and ``v`` have ``H / groups``
+    heads. The scores stay folded from the first product to the output: a
+    row's softmax does not depend on which head it belongs to, and a decode
+    step pays for each view (and each helper call) it makes.
     """
-    scores = grouped_matmul(q, matrix_transpose(k, xp=xp), groups, xp=xp)  # (..., Lq, Lk)
-    # No -inf anywhere, so no row is empty: the guards for that are skipped.
-    e, row_max, total = masked_exp(scores, None, xp=xp, may_hide=False)
-    return grouped_matmul(e, v, groups, xp=xp) / total, row_max, total
+    rows = q if groups == 1 else fold_rows(q, groups, xp=xp)  # (..., Hkv, G*Lq, d)
+    # No -inf anywhere, so no row is empty: masked_exp's guards are not needed.
+    scores = rows @ matrix_transpose(k, xp=xp)
+    e, row_max, total = shifted_exp(scores, exp_floor(scores.dtype, xp=xp), xp=xp)
+    out = (e @ v) / total
+    return (out if groups == 1 else unfold_rows(out, groups, xp=xp)), row_max, total
 
 
 def _plain(p: Problem) -> bool:
