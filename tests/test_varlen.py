@@ -574,3 +574,34 @@ def test_fused_repeat_call_goes_straight_to_the_kernel_with_the_same_bits(
     assert len(prepared) == 3
     assert autocast.dtype == torch.float32
     assert torch.equal(autocast, first)
+
+
+def test_fused_batch_of_long_sequences_runs_per_sequence(rng, monkeypatch):
+    """Blocks that leave most pairs out: one call would compute them all, so each runs alone.
+
+    The same bits as the default then; the test's short batch above still
+    runs as one call (``test_batch_invariant_false_is_one_call_equal_within_rounding``).
+    """
+    import portattn._varlen as varlen
+
+    calls: list[int] = []
+    attend = varlen.attend
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return attend(*args, **kwargs)
+
+    monkeypatch.setattr(varlen, "attend", counted)
+    lq, lk = [1, 1, 1, 1], [6000, 5000, 6000, 5500]  # decode over long caches
+    q, k, v = _packed(rng, lq, lk)
+    options: dict[str, Any] = {"cu_seqlens_q": _cu(lq), "cu_seqlens_k": _cu(lk)}
+    fused = pa.attention_varlen(q, k, v, batch_invariant=False, **options)
+    assert len(calls) == len(lq)
+    np.testing.assert_array_equal(fused, pa.attention_varlen(q, k, v, **options))
+    calls.clear()
+    pa.attention_varlen(q[:2], k[:20], v[:20], cu_seqlens_q=[0, 1, 2], cu_seqlens_k=[0, 9, 20])
+    pa.attention_varlen(
+        q[:2], k[:20], v[:20], cu_seqlens_q=[0, 1, 2], cu_seqlens_k=[0, 9, 20],
+        batch_invariant=False,
+    )  # fmt: skip
+    assert len(calls) == 2 + 1  # short ones: one call

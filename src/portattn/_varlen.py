@@ -24,7 +24,9 @@ sequences share a call (a decode step): the whole packed batch runs as one
 call, with a dense block-diagonal mask whose blocks are each sequence's own
 pattern (``Structure``, as its own call resolves it), and a paged batch's
 pages are gathered with one ``take``. The values agree within rounding; the
-bound on the mask (``_FUSED_MAX`` pairs) keeps it from growing as ``T^2``.
+bound on the mask (``_FUSED_MAX`` pairs) keeps it from growing as ``T^2``, and
+a batch of long sequences, whose blocks leave most pairs out, runs per sequence
+(``_worth_fusing``).
 """
 
 from __future__ import annotations
@@ -197,7 +199,9 @@ def attention_varlen(
         with a block-diagonal mask built from the offsets, much faster for
         many short sequences (decode steps), equal to the default within
         rounding but not bit for bit; larger batches run per sequence, and
-        so does a batch whose output is not finite (an inf or NaN key or
+        so do batches whose blocks are so sparse that the pairs the one
+        call computes for nothing cost more than the calls it saves (long
+        sequences), and a batch whose output is not finite (an inf or NaN key or
         value, which the one call could spread to the other sequences),
         where the output's values can be read: eager NumPy, torch,
         CuPy and JAX. Under ``jax.jit``, ``torch.compile`` or on dask
@@ -338,7 +342,11 @@ def _packed_heads_first(
     xp: Namespace,
 ) -> Array | tuple[Array, Array]:
     """The packed call on heads-first arrays: one fused call, or one call per sequence."""
-    if _fuses(batch_invariant, variant, qh.shape[2], kh.shape[2], len(starts_q) - 1):
+    tq, tk = qh.shape[2], kh.shape[2]
+    width = qh.shape[-1] + vh.shape[-1]
+    if _fuses(batch_invariant, variant, tq, tk, len(starts_q) - 1) and _worth_fusing(
+        starts_q, starts_k, heads=qh.shape[1], width=width, tk=tk
+    ):
         spans = [(a, b - a) for a, b in itertools.pairwise(starts_k)]
         return run_fused(
             qh, kh, vh, starts_q, spans, variant=variant, options=options, return_lse=return_lse,
@@ -920,6 +928,30 @@ def _fuses(batch_invariant: object, variant: Variant, tq: int, tk: int, count: i
     if check_flag("batch_invariant", batch_invariant):
         return False
     return count > 1 and variant.score_mod is None and tq * tk <= _FUSED_MAX
+
+
+# What the fused call may spend on pairs that no sequence sees (each a score
+# and a weighted value per head: heads * (d + dv) multiply-adds), per call it
+# saves: about what a call costs beside its kernel (torch 2.13's SDPA on 2 CPU
+# threads, the serving bench's tiny Llama: 4 heads, d = dv = 16). A decode
+# step of 16 sequences then fuses up to 8192 keys in all; a chunked prefill of
+# 256 tokens over long prompts (continuous_long) runs per sequence.
+_FUSED_WASTE_PER_CALL = 1 << 20
+
+
+def _worth_fusing(
+    starts_q: list[int], starts_k: list[int], *, heads: int, width: int, tk: int
+) -> bool:
+    """Whether one masked call over the packed row costs less than a call per sequence.
+
+    The fused call computes every (query, key) pair of the packed row, a
+    call per sequence only its own: one call wins while the pairs it wastes
+    cost less than the calls it saves (:data:`_FUSED_WASTE_PER_CALL`).
+    """
+    spans_q, spans_k = itertools.pairwise(starts_q), itertools.pairwise(starts_k)
+    own = sum((b - a) * (d - c) for (a, b), (c, d) in zip(spans_q, spans_k, strict=True))
+    waste = starts_q[-1] * tk - own
+    return heads * width * waste <= (len(starts_q) - 2) * _FUSED_WASTE_PER_CALL
 
 
 def run_fused(
