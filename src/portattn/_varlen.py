@@ -789,7 +789,8 @@ def _block_diagonal(
     The fact: whether every query row sees at least one key (its range is
     not empty), which the offsets decide whatever the arrays hold.
     """
-    rows = []  # per sequence: (Lq, first key slot, Lk, offset - first query row, left, right)
+    causal, windowed = variant.causal is not False, variant.window is not None
+    los, his = [], []  # per query row: the slots [lo, hi) it sees
     spans_q = itertools.pairwise(starts_q)
     for i, ((a, b), (first, n)) in enumerate(zip(spans_q, spans_k, strict=True)):
         try:
@@ -797,23 +798,20 @@ def _block_diagonal(
         except ValueError as e:
             msg = f"sequence {i} (Lq={b - a}, Lk={n}): {e}"
             raise ValueError(msg) from e
-        rows.append((b - a, first, n, offset - a, left, right))
-    table = np.asarray(rows, dtype=np.int64).reshape(len(rows), 6)
-    # One row per query row; query row r of the packed batch is aligned with
-    # key r + shift of its sequence (its position within it, plus the offset).
-    _, first, n, shift, left, right = np.repeat(table, table[:, 0], axis=0).T
-    # Sequence i's keys are the slots [first_i, first_i + n_i): each query row
-    # sees one range of them, cut by its causal alignment and window.
-    aligned = first + np.arange(starts_q[-1]) + shift
-    lo, hi = first, first + n
-    if variant.causal is not False:
-        hi = np.minimum(hi, aligned + 1)
-    if variant.window is not None:
-        lo = np.maximum(lo, aligned - left)
-        hi = np.minimum(hi, aligned + right + 1)
+        # Sequence i's keys are the slots [first, first + n); its row r is
+        # aligned with the slot first + r + offset, which cuts its range.
+        for aligned in range(first + offset, first + offset + b - a):
+            lo, hi = first, first + n
+            if causal:
+                hi = min(hi, aligned + 1)
+            if windowed:
+                lo, hi = max(lo, aligned - left), min(hi, aligned + right + 1)
+            los.append(lo)
+            his.append(hi)
+    lo_rows, hi_rows = np.asarray(los, dtype=np.int64), np.asarray(his, dtype=np.int64)
     slot = np.arange(tk)
-    allowed: np.ndarray = (slot >= lo[:, None]) & (slot < hi[:, None])
-    return allowed, bool(np.all(hi > lo))
+    allowed: np.ndarray = (slot >= lo_rows[:, None]) & (slot < hi_rows[:, None])
+    return allowed, bool(np.all(hi_rows > lo_rows))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -903,17 +901,16 @@ def _fused_variant(
     fused = _MASKS.get(key)
     if fused is None:
         allowed, sees = _block_diagonal(starts_q, spans_k, tk, variant)
+        mask = bias = None
         if additive is None:
-            fused = build_variant(
-                mask=xp.asarray(allowed[None, None, ...], device=device), softcap=variant.softcap
-            )
-        else:
-            bias = np.where(allowed, 0.0, -np.inf)[None, None, ...]
-            fused = build_variant(
-                bias=xp.asarray(bias, dtype=additive, device=device), softcap=variant.softcap
-            )
-        if sees:  # proved from the offsets, whatever the arrays hold
-            fused = dataclasses.replace(fused, rows_see_keys=True)
+            mask = xp.asarray(allowed[None, None, ...], device=device)
+        else:  # in NumPy's float32 or float64 (the compute dtypes), so that torch need not cast
+            kind = np.float32 if additive == xp.float32 else np.float64
+            hidden = np.where(allowed, kind(0.0), kind(-np.inf))[None, None, ...]
+            bias = xp.asarray(hidden, dtype=additive, device=device)
+        # variant's soft cap was checked where it was built; the fact was proved
+        # from the offsets, whatever the arrays hold.
+        fused = Variant(mask=mask, bias=bias, softcap=variant.softcap, rows_see_keys=sees)
         if is_concrete(like):
             if len(_MASKS) >= _MASKS_MAX:
                 _MASKS.clear()
