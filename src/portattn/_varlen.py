@@ -35,6 +35,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import operator
 from collections.abc import Sequence
 from typing import Literal, cast, overload
 
@@ -449,10 +450,11 @@ def host_offsets(name: str, offsets: object, *, total: int, bound: object = None
     if values[0] != 0:
         msg = f"expected {name} to start at 0, got {values[0]}"
         raise ValueError(msg)
-    for i, (a, b) in enumerate(itertools.pairwise(values)):
-        if b < a:
-            msg = f"expected {name} to be non-decreasing, got {a} then {b} at entries {i}, {i + 1}"
-            raise ValueError(msg)
+    if any(map(operator.gt, values, values[1:])):  # one C loop; the error names the entries
+        i = next(i for i, (a, b) in enumerate(itertools.pairwise(values)) if b < a)
+        a, b = values[i], values[i + 1]
+        msg = f"expected {name} to be non-decreasing, got {a} then {b} at entries {i}, {i + 1}"
+        raise ValueError(msg)
     if values[-1] != total:
         msg = f"expected {name} to end at the packed length {total}, got {values[-1]}"
         raise ValueError(msg)
@@ -468,10 +470,13 @@ def host_offsets(name: str, offsets: object, *, total: int, bound: object = None
     return values
 
 
+_INT = {int}
+
+
 def _host_ints(name: str, x: object) -> list[int]:
     """A 1-D integer array (any library) or a sequence of ints, as Python ints."""
     if isinstance(x, Sequence) and not isinstance(x, (str, bytes)):
-        if all(type(n) is int for n in x):  # the adapters' offsets: nothing to convert
+        if set(map(type, x)) <= _INT:  # the adapters' offsets: nothing to convert
             return list(x)
         return [check_int(f"{name}[{i}]", n) for i, n in enumerate(x)]
     if not (hasattr(x, "dtype") and hasattr(x, "shape")):
@@ -790,6 +795,13 @@ def _block_diagonal(
     not empty), which the offsets decide whatever the arrays hold.
     """
     causal, windowed = variant.causal is not False, variant.window is not None
+    if not windowed and variant.causal in _EVERY_KEY and starts_q == list(range(len(spans_k) + 1)):
+        # A decode step: one query per sequence, which sees every key of its own
+        # (bottom-right causal hides none from the last query; Structure.build
+        # refuses nothing here).
+        los = [first for first, _ in spans_k]
+        his = [first + n for first, n in spans_k]
+        return _ranges(los, his, tk)
     los, his = [], []  # per query row: the slots [lo, hi) it sees
     spans_q = itertools.pairwise(starts_q)
     for i, ((a, b), (first, n)) in enumerate(zip(spans_q, spans_k, strict=True)):
@@ -808,6 +820,15 @@ def _block_diagonal(
                 lo, hi = max(lo, aligned - left), min(hi, aligned + right + 1)
             los.append(lo)
             his.append(hi)
+    return _ranges(los, his, tk)
+
+
+# The causal values under which a sequence's one query sees every key it holds.
+_EVERY_KEY = (False, "bottom_right")
+
+
+def _ranges(los: list[int], his: list[int], tk: int) -> tuple[np.ndarray, bool]:
+    """The (rows, tk) mask of rows that see the slots ``[lo, hi)``, and whether none is empty."""
     lo_rows, hi_rows = np.asarray(los, dtype=np.int64), np.asarray(his, dtype=np.int64)
     slot = np.arange(tk)
     allowed: np.ndarray = (slot >= lo_rows[:, None]) & (slot < hi_rows[:, None])
