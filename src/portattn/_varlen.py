@@ -929,9 +929,9 @@ def _fused_variant(
             kind = np.float32 if additive == xp.float32 else np.float64
             hidden = np.where(allowed, kind(0.0), kind(-np.inf))[None, None, ...]
             bias = xp.asarray(hidden, dtype=additive, device=device)
-        # variant's soft cap was checked where it was built; the fact was proved
-        # from the offsets, whatever the arrays hold.
-        fused = Variant(mask=mask, bias=bias, softcap=variant.softcap, rows_see_keys=sees)
+        fused = build_variant(mask=mask, bias=bias, softcap=variant.softcap)
+        if sees:  # proved from the offsets, whatever the arrays hold
+            fused = dataclasses.replace(fused, rows_see_keys=True)
         if is_concrete(like):
             if len(_MASKS) >= _MASKS_MAX:
                 _MASKS.clear()
