@@ -605,3 +605,38 @@ def test_fused_batch_of_long_sequences_runs_per_sequence(rng, monkeypatch):
         batch_invariant=False,
     )  # fmt: skip
     assert len(calls) == 2 + 1  # short ones: one call
+
+
+def test_fused_shortcut_memo_answers_only_the_same_call(rng):
+    """The kernel plan memoised for a step's variant holds for its very facts, never a bool scale.
+
+    ``scale=True`` equals ``1`` as a dict key: the memo keys on the scale's
+    type too, so the checks still refuse it.
+    """
+    torch = pytest.importorskip("torch")
+    from portattn._attention import attend
+    from portattn._core._prepare import kernel_mask_plan
+    from portattn._core._variant import build_variant
+    from portattn._lib._compat import array_namespace
+    from portattn._varlen import _fused_variant
+
+    from conftest import get_backend
+
+    get_backend("torch")
+    lq, lk = [1, 1, 1], [5, 9, 2]
+    q, k, v = (torch.tensor(x, dtype=torch.float32) for x in _packed(rng, lq, lk))
+    qh, kh, vh = (x.permute(1, 0, 2)[None] for x in (q, k, v))
+    xp = array_namespace(qh)
+    spans = [(a, n) for a, n in zip(_cu(lk), lk, strict=False)]
+    fused = _fused_variant(
+        _cu(lq), spans, sum(lk), build_variant(causal="bottom_right"), additive=torch.float32,
+        like=qh, xp=xp,
+    )  # fmt: skip
+    assert kernel_mask_plan(qh, kh, vh, variant=fused, scale=1) is None  # not checked yet
+    want = attend(qh, kh, vh, variant=fused, scale=1, impl="native", xp=xp)
+    assert kernel_mask_plan(qh, kh, vh, variant=fused, scale=1) is not None
+    assert torch.equal(attend(qh, kh, vh, variant=fused, scale=1, impl="native", xp=xp), want)
+    assert kernel_mask_plan(qh, kh, vh, variant=fused, scale=True) is None
+    with pytest.raises(ValueError, match="expected scale to be a finite real number"):
+        attend(qh, kh, vh, variant=fused, scale=True, impl="native", xp=xp)
+    assert kernel_mask_plan(qh.double(), kh.double(), vh.double(), variant=fused, scale=1) is None

@@ -329,6 +329,7 @@ def forget_checked() -> None:
     from these plans too.
     """
     _PLANS.clear()
+    _KERNEL_MASK.clear()
 
 
 def _plan(
@@ -469,7 +470,39 @@ def kernel_mask_plan(
     4-D, (B, H) and (B, H // groups) batch axes, in the compute dtype, which
     is the output's. What the native path would hand the kernel is then
     these arrays as they are. ``None`` for any other call.
+
+    Eager torch tensors only. A yes is memoised for the variant itself (held,
+    so that its id is not reused; a step's layers share one) and these
+    dtypes, shapes, devices and scale: a step's second layer asks again.
     """
+    torch = sys.modules.get("torch")
+    t = type(query)
+    if torch is None or t is not torch.Tensor or type(key) is not t or type(value) is not t:
+        return None
+    if torch.compiler.is_compiling():
+        return None
+    facts: tuple[object, ...] = (query.dtype, key.dtype, value.dtype, query.shape, key.shape)
+    facts += (value.shape, query.device, key.device, value.device, type(scale), scale)
+    known = _KERNEL_MASK.get(id(variant))
+    if known is not None and known[0] is variant and known[1] == facts:
+        return known[2]
+    planned = _kernel_mask_plan(query, key, value, variant, scale)
+    if planned is not None:  # a no may turn yes once prepare has checked the call
+        if len(_KERNEL_MASK) >= _KERNEL_MASK_MAX:
+            _KERNEL_MASK.clear()
+        _KERNEL_MASK[id(variant)] = (variant, facts, planned)
+    return planned
+
+
+# kernel_mask_plan's yeses: (variant, its call's facts, the answer) by the variant's id.
+_KERNEL_MASK: dict[int, tuple[Variant, tuple[object, ...], tuple[float, int, Device]]] = {}
+_KERNEL_MASK_MAX = 8
+
+
+def _kernel_mask_plan(
+    query: Array, key: Array, value: Array, variant: Variant, scale: object
+) -> tuple[float, int, Device] | None:
+    """:func:`kernel_mask_plan`, asked of the plans."""
     mask, bias = variant.mask, variant.bias
     x = mask if bias is None else bias
     if x is None or not variant.rows_see_keys or (mask is not None and bias is not None):
