@@ -966,10 +966,13 @@ def _worth_fusing(
     call per sequence only its own: one call wins while the pairs it wastes
     cost less than the calls it saves (:data:`_FUSED_WASTE_PER_CALL`).
     """
+    budget = (len(starts_q) - 2) * _FUSED_WASTE_PER_CALL
+    if heads * width * starts_q[-1] * tk <= budget:  # even were every pair wasted
+        return True
     spans_q, spans_k = itertools.pairwise(starts_q), itertools.pairwise(starts_k)
     own = sum((b - a) * (d - c) for (a, b), (c, d) in zip(spans_q, spans_k, strict=True))
     waste = starts_q[-1] * tk - own
-    return heads * width * waste <= (len(starts_q) - 2) * _FUSED_WASTE_PER_CALL
+    return heads * width * waste <= budget
 
 
 def run_fused(
