@@ -4,8 +4,8 @@
 continuous batching admits (see the module docstring of
 ``portattn.integrations.transformers``). ``model.generate_batch`` then hands
 portattn packed sequences (``cu_seq_lens_q`` / ``cu_seq_lens_k``), which go
-through ``pa.attention_varlen``; its tokens must equal ``generate`` with
-``"eager"`` run on each prompt alone. Padding-free training packs sequences
+through ``pa.attention_varlen``'s heads-first form; its tokens must equal
+``generate`` with ``"eager"`` run on each prompt alone. Padding-free training packs sequences
 into one row with restarting ``position_ids``; its logits and gradients must
 equal eager's run on each sequence alone.
 """
@@ -60,14 +60,14 @@ def eager_tokens(arch: str, batch: list[list[int]]) -> list[list[int]]:
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2", "gpt_oss"])
 def test_generate_batch_equals_eager_per_prompt(arch, invariant, monkeypatch):
     calls: list[int] = []
-    varlen = hf.attention_varlen
+    varlen = hf.varlen_heads_first
 
     def counted(*args, **kwargs):
         assert kwargs["batch_invariant"] is invariant
         calls.append(len(kwargs["cu_seqlens_q"]) - 1)
         return varlen(*args, **kwargs)
 
-    monkeypatch.setattr(hf, "attention_varlen", counted)
+    monkeypatch.setattr(hf, "varlen_heads_first", counted)
     model = hf.serve(hf.tiny_model(arch, attn_implementation=PORTATTN), batch_invariant=invariant)
     assert model.config._attn_implementation == "portattn_flash"
     batch = prompts()
@@ -128,13 +128,13 @@ def test_padding_free_training_equals_eager_per_sequence(arch, flash_kwargs, mon
     from transformers import DataCollatorWithFlattening
 
     calls: list[list[int]] = []
-    varlen = hf.attention_varlen
+    varlen = hf.varlen_heads_first
 
     def counted(*args, **kwargs):
         calls.append(list(kwargs["cu_seqlens_q"]))
         return varlen(*args, **kwargs)
 
-    monkeypatch.setattr(hf, "attention_varlen", counted)
+    monkeypatch.setattr(hf, "varlen_heads_first", counted)
     _, _, seqs = _packed_batch()
     collate = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs)
     batch = collate([{"input_ids": s.tolist()} for s in seqs])

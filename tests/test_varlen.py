@@ -411,3 +411,232 @@ def test_jax_grads_match_the_dense_formula_under_jit(rng):
         want = jax.grad(dense, argnums=(0, 1, 2, 3))(*args)
         for a, b in zip(got, want, strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-12)
+
+
+def _block_mask(lq: list[int], lk: list[int], *, window: int | None = None) -> np.ndarray:
+    """The (Tq, Tk) block-diagonal mask, each block bottom-right causal (and windowed)."""
+    allowed = np.zeros((sum(lq), sum(lk)), dtype=bool)
+    cq, ck = _cu(lq), _cu(lk)
+    for i in range(len(lq)):
+        qi, kj = np.arange(lq[i])[:, None], np.arange(lk[i])[None, :]
+        ok = kj <= qi + lk[i] - lq[i]
+        if window is not None:
+            ok &= kj >= qi + lk[i] - lq[i] - window
+        allowed[cq[i] : cq[i + 1], ck[i] : ck[i + 1]] = ok
+    return allowed
+
+
+@pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fused_torch_call_is_sdpa_with_the_boolean_mask_bit_for_bit(rng, window, dtype):
+    """The fused call hands torch's kernel the 0 / -inf bias that SDPA makes of a boolean mask.
+
+    Built once per step instead of by the kernel on every layer: the same
+    scores, so the same bits as SDPA handed the boolean block-diagonal mask.
+    """
+    torch = pytest.importorskip("torch")  # in the test dependency group: present
+    from conftest import get_backend
+
+    get_backend("torch")
+    q, k, v = (torch.tensor(x, dtype=getattr(torch, dtype)) for x in _packed(rng, LQ, LK))
+    opts: dict[str, Any] = {"causal": "bottom_right", "window": window}
+    out = pa.attention_varlen(
+        q, k, v, cu_seqlens_q=_cu(LQ), cu_seqlens_k=_cu(LK), batch_invariant=False, **opts
+    )
+    allowed = torch.tensor(_block_mask(LQ, LK, window=window))
+    qh, kh, vh = (x.permute(1, 0, 2)[None] for x in (q, k, v))
+    want = torch.nn.functional.scaled_dot_product_attention(
+        qh, kh, vh, attn_mask=allowed, enable_gqa=True
+    )
+    assert torch.equal(out, want[0].permute(1, 0, 2))
+
+
+def test_fused_variant_proves_that_every_row_sees_a_key_from_the_offsets():
+    """``rows_see_keys`` (the native path then skips its search for empty rows) only when true."""
+    from portattn._core._variant import build_variant
+    from portattn._lib._compat import array_namespace
+    from portattn._varlen import _fused_variant
+
+    like = np.zeros(1)
+    xp = array_namespace(like)
+
+    def proved(lq: list[int], lk: list[int], **options: Any) -> bool:
+        spans = [(a, n) for a, n in zip(_cu(lk), lk, strict=False)]
+        variant = build_variant(**options)
+        fused = _fused_variant(_cu(lq), spans, sum(lk), variant, additive=None, like=like, xp=xp)
+        assert fused.mask is not None and bool(np.any(to_numpy(fused.mask)))
+        return fused.rows_see_keys
+
+    assert proved(LQ, LK, causal="bottom_right")
+    assert proved(LQ, LK, causal="bottom_right", window=0)  # each row sees its own key
+    assert proved(LQ, LK)
+    assert not proved([3, 2, 4], [5, 0, 4])  # sequence 1: queries and no key
+    assert not proved([3, 6], [5, 4], causal="bottom_right")  # its first 2 rows precede its keys
+    assert not proved([3, 6], [5, 4], causal="top_left", window=(0, 0))  # rows 4, 5: no key 4, 5
+
+
+@pytest.mark.parametrize(
+    ("lib", "impl"), [("torch", "auto"), ("torch", "native"), ("jax", "native")]
+)
+def test_fused_rows_that_see_no_key_are_zero_in_one_call(rng, monkeypatch, lib, impl):
+    """A sequence with queries and no key: its rows are 0, the others its own call's, in one call.
+
+    Not proved from the offsets (``rows_see_keys`` unset), so the native
+    path looks for the empty rows and zeroes them: JAX's kernel spreads
+    their weight uniformly (torch 2.13's gives 0 itself, older math kernels NaN).
+    """
+    pytest.importorskip(lib)
+    import portattn._varlen as varlen
+
+    from conftest import get_backend
+
+    backend = get_backend(lib)
+    calls: list[int] = []
+    attend = varlen.attend
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return attend(*args, **kwargs)
+
+    monkeypatch.setattr(varlen, "attend", counted)
+    lq, lk = [3, 2, 4], [5, 0, 4]
+    q, k, v = _packed(rng, lq, lk)
+    # JAX's kernel: float32 only, and values as wide as the queries.
+    q, k, v = (backend.asarray(x, dtype=backend.xp.float32) for x in (q, k, v[..., :D]))
+    options: dict[str, Any] = {"cu_seqlens_q": _cu(lq), "cu_seqlens_k": _cu(lk), "impl": impl}
+    out = to_numpy(pa.attention_varlen(q, k, v, batch_invariant=False, **options))
+    assert len(calls) == 1
+    np.testing.assert_array_equal(out[3:5], 0.0)
+    alone = to_numpy(pa.attention_varlen(q, k, v, **options))
+    np.testing.assert_allclose(out, alone, rtol=1e-5, atol=1e-6)
+
+
+def test_finite_is_one_sum_that_never_passes_a_non_finite_output(backend: Backend):
+    """``run_fused``'s check: a finite sum proves every element finite; an overflow only alarms."""
+    from portattn._varlen import _finite
+
+    xp = backend.xp
+    if not is_concrete(backend.asarray(np.zeros(1))):
+        pytest.skip(f"{backend.name}'s arrays are not read by the check (lazy)")
+    rows = np.ones((4, 3, 2))
+    assert _finite(backend.asarray(rows), xp=xp)
+    for bad in ([np.nan], [np.inf], [-np.inf], [np.inf, -np.inf]):
+        x = rows.copy()
+        x.flat[: len(bad)] = bad
+        assert not _finite(backend.asarray(x), xp=xp)
+    assert not _finite(backend.asarray(np.full((4,), 1e308)), xp=xp)  # overflows: a false alarm
+    if hasattr(xp, "float16"):  # not in the standard (array-api-strict has none)
+        half = backend.asarray(np.full((4, 3), 6e4), dtype=xp.float16)  # sum: past float16's max
+        assert _finite(half, xp=xp)
+
+
+@pytest.mark.parametrize(
+    "lengths", [(LQ, LK), ([1, 1, 1, 1], [7, 3, 12, 1])], ids=["mixed", "decode"]
+)
+def test_fused_repeat_call_goes_straight_to_the_kernel_with_the_same_bits(
+    rng, monkeypatch, lengths
+):
+    """A layer's repeat fused call skips ``prepare`` (its plan was checked): the same bits.
+
+    Not under autocast, which the whole way turns off (the shortcut would
+    run the kernel in bfloat16).
+    """
+    torch = pytest.importorskip("torch")
+    import portattn._attention as attention
+    from portattn._paths._auto import forget_plans
+
+    from conftest import get_backend
+
+    get_backend("torch")
+    lq, lk = lengths
+    prepared: list[int] = []
+    prepare = attention.prepare
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        prepared.append(1)
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "prepare", counted)
+    q, k, v = (torch.tensor(x, dtype=torch.float32) for x in _packed(rng, lq, lk))
+    options: dict[str, Any] = {
+        "cu_seqlens_q": _cu(lq), "cu_seqlens_k": _cu(lk), "causal": "bottom_right",
+        "batch_invariant": False,
+    }  # fmt: skip
+    first = pa.attention_varlen(q, k, v, **options)
+    assert prepared == [1]
+    again = pa.attention_varlen(q, k, v, **options)
+    assert prepared == [1]  # straight to the kernel
+    assert torch.equal(again, first)
+    forget_plans()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pa.attention_varlen(q, k, v, **options)  # checked again: the plans were forgotten
+        autocast = pa.attention_varlen(q, k, v, **options)
+    assert len(prepared) == 3
+    assert autocast.dtype == torch.float32
+    assert torch.equal(autocast, first)
+
+
+def test_fused_batch_of_long_sequences_runs_per_sequence(rng, monkeypatch):
+    """Blocks that leave most pairs out: one call would compute them all, so each runs alone.
+
+    The same bits as the default then; the test's short batch above still
+    runs as one call (``test_batch_invariant_false_is_one_call_equal_within_rounding``).
+    """
+    import portattn._varlen as varlen
+
+    calls: list[int] = []
+    attend = varlen.attend
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return attend(*args, **kwargs)
+
+    monkeypatch.setattr(varlen, "attend", counted)
+    lq, lk = [1, 1, 1, 1], [6000, 5000, 6000, 5500]  # decode over long caches
+    q, k, v = _packed(rng, lq, lk)
+    options: dict[str, Any] = {"cu_seqlens_q": _cu(lq), "cu_seqlens_k": _cu(lk)}
+    fused = pa.attention_varlen(q, k, v, batch_invariant=False, **options)
+    assert len(calls) == len(lq)
+    np.testing.assert_array_equal(fused, pa.attention_varlen(q, k, v, **options))
+    calls.clear()
+    pa.attention_varlen(q[:2], k[:20], v[:20], cu_seqlens_q=[0, 1, 2], cu_seqlens_k=[0, 9, 20])
+    pa.attention_varlen(
+        q[:2], k[:20], v[:20], cu_seqlens_q=[0, 1, 2], cu_seqlens_k=[0, 9, 20],
+        batch_invariant=False,
+    )  # fmt: skip
+    assert len(calls) == 2 + 1  # short ones: one call
+
+
+def test_fused_shortcut_memo_answers_only_the_same_call(rng):
+    """The kernel plan memoised for a step's variant holds for its very facts, never a bool scale.
+
+    ``scale=True`` equals ``1`` as a dict key: the memo keys on the scale's
+    type too, so the checks still refuse it.
+    """
+    torch = pytest.importorskip("torch")
+    from portattn._attention import attend
+    from portattn._core._prepare import kernel_mask_plan
+    from portattn._core._variant import build_variant
+    from portattn._lib._compat import array_namespace
+    from portattn._varlen import _fused_variant
+
+    from conftest import get_backend
+
+    get_backend("torch")
+    lq, lk = [1, 1, 1], [5, 9, 2]
+    q, k, v = (torch.tensor(x, dtype=torch.float32) for x in _packed(rng, lq, lk))
+    qh, kh, vh = (x.permute(1, 0, 2)[None] for x in (q, k, v))
+    xp = array_namespace(qh)
+    spans = [(a, n) for a, n in zip(_cu(lk), lk, strict=False)]
+    fused = _fused_variant(
+        _cu(lq), spans, sum(lk), build_variant(causal="bottom_right"), additive=torch.float32,
+        like=qh, xp=xp,
+    )  # fmt: skip
+    assert kernel_mask_plan(qh, kh, vh, variant=fused, scale=1) is None  # not checked yet
+    want = attend(qh, kh, vh, variant=fused, scale=1, impl="native", xp=xp)
+    assert kernel_mask_plan(qh, kh, vh, variant=fused, scale=1) is not None
+    assert torch.equal(attend(qh, kh, vh, variant=fused, scale=1, impl="native", xp=xp), want)
+    assert kernel_mask_plan(qh, kh, vh, variant=fused, scale=True) is None
+    with pytest.raises(ValueError, match="expected scale to be a finite real number"):
+        attend(qh, kh, vh, variant=fused, scale=True, impl="native", xp=xp)
+    assert kernel_mask_plan(qh.double(), kh.double(), vh.double(), variant=fused, scale=1) is None

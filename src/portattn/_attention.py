@@ -20,13 +20,13 @@ import numpy as np
 from ._core._block_mask import BlockMask
 from ._core._masks import Causal
 from ._core._modspec import ScoreMod
-from ._core._prepare import bare_key, plan_key, prepare
+from ._core._prepare import bare_key, kernel_mask_plan, plan_key, prepare
 from ._core._problem import Problem
 from ._core._variant import Variant, build_variant, no_array_or_mod
 from ._grad._autodiff import blockwise_attention
 from ._lib._checks import check_array, check_flag, check_int_pair
 from ._lib._compat import array_namespace, namespace_library
-from ._lib._precision import narrow, torch_autocast_off
+from ._lib._precision import autocast_kind, narrow, torch_autocast_off
 from ._lib._typing import Array, Namespace
 from ._lib._vocabulary import sdpa_names
 from ._paths._auto import auto_impl, plain_decision
@@ -443,6 +443,11 @@ def attend(
             out = _plain_call(query, key, value, memo=memo, impl=impl, xp=xp)
             if out is not None:
                 return out
+        elif impl == "native" and variant.rows_see_keys and lib == "torch":
+            # A repeat fused varlen call (a layer's step): its mask's plan was checked.
+            out = _masked_call(query, key, value, variant=variant, scale=scale)
+            if out is not None:
+                return out
     p = prepare(query, key, value, variant, scale=scale, xp=xp, scale_q=not defer, memo=memo)
     if value is None:
         return solve_weights(p, xp=xp)
@@ -496,6 +501,34 @@ def _plain_call(
     if autocast and sys.modules["torch"].is_autocast_enabled(autocast):
         return None  # the whole way, which turns autocast off
     return plain_native(query, key, value, scale=scale, groups=groups)
+
+
+def _masked_call(
+    query: Array, key: Array, value: Array, /, *, variant: Variant, scale: object
+) -> Array | None:
+    """A repeat fused varlen call on torch's kernel, straight from its memoised plan; else None.
+
+    A call :func:`~portattn._core._prepare.kernel_mask_plan` finds checked
+    already, with one mask or bias that leaves every row a key, and nothing
+    to lay out: the native path would hand the kernel exactly these arrays
+    and options (:func:`~portattn._paths._native.native_attention`, no
+    empty row to zero, no cast back), so its bits. Not under autocast,
+    which the whole way turns off. Any other call goes through :func:`prepare`.
+    """
+    planned = kernel_mask_plan(query, key, value, variant=variant, scale=scale)
+    if planned is None:
+        return None
+    scale_value, groups, device = planned
+    torch = sys.modules["torch"]
+    kind = autocast_kind(device)
+    if kind and torch.is_autocast_enabled(kind):
+        return None
+    mask = variant.mask if variant.bias is None else variant.bias
+    gqa = {"enable_gqa": True} if groups > 1 else {}
+    out: Array = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, is_causal=False, scale=scale_value, **gqa
+    )
+    return out
 
 
 def solve(

@@ -24,7 +24,9 @@ sequences share a call (a decode step): the whole packed batch runs as one
 call, with a dense block-diagonal mask whose blocks are each sequence's own
 pattern (``Structure``, as its own call resolves it), and a paged batch's
 pages are gathered with one ``take``. The values agree within rounding; the
-bound on the mask (``_FUSED_MAX`` pairs) keeps it from growing as ``T^2``.
+bound on the mask (``_FUSED_MAX`` pairs) keeps it from growing as ``T^2``, and
+a batch of long sequences, whose blocks leave most pairs out, runs per sequence
+(``_worth_fusing``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
+import operator
 from collections.abc import Sequence
 from typing import Literal, cast, overload
 
@@ -42,11 +46,18 @@ from ._core._masks import Causal, Structure
 from ._core._modspec import ScoreMod
 from ._core._variant import Variant, build_variant
 from ._lib._checks import check_array, check_flag, check_int, dtype_name, shown
-from ._lib._compat import array_namespace, device_of, is_concrete, namespace_library
+from ._lib._compat import (
+    array_namespace,
+    device_of,
+    host_float,
+    is_concrete,
+    namespace_library,
+)
 from ._lib._convert import to_numpy
+from ._lib._precision import compute_dtype
 from ._lib._typing import Array, Namespace
 
-__all__ = ["attention_varlen", "host_offsets", "paged_attention"]
+__all__ = ["attention_varlen", "host_offsets", "paged_attention", "varlen_heads_first"]
 
 _NAMES = ("q", "k", "v", "sinks")
 
@@ -189,7 +200,9 @@ def attention_varlen(
         with a block-diagonal mask built from the offsets, much faster for
         many short sequences (decode steps), equal to the default within
         rounding but not bit for bit; larger batches run per sequence, and
-        so does a batch whose output is not finite (an inf or NaN key or
+        so do batches whose blocks are so sparse that the pairs the one
+        call computes for nothing cost more than the calls it saves (long
+        sequences), and a batch whose output is not finite (an inf or NaN key or
         value, which the one call could spread to the other sequences),
         where the output's values can be read: eager NumPy, torch,
         CuPy and JAX. Under ``jax.jit``, ``torch.compile`` or on dask
@@ -240,8 +253,70 @@ def attention_varlen(
         check_array(name, x)
     xp = array_namespace(q, k, v, sinks, names=_NAMES)
     _check_packed(q, k, v)
-    starts_q = host_offsets("cu_seqlens_q", cu_seqlens_q, total=q.shape[0], bound=max_seqlen_q)
-    starts_k = host_offsets("cu_seqlens_k", cu_seqlens_k, total=k.shape[0], bound=max_seqlen_k)
+    starts_q, starts_k = _offset_pair(
+        cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k
+    )
+    variant = build_variant(
+        causal=causal, window=window, softcap=softcap, score_mod=score_mod, sinks=sinks
+    )
+    options: dict[str, object] = {"scale": scale, "impl": impl, "block_size": block_size}
+    qh, kh, vh = (_heads_first(x, xp=xp) for x in (q, k, v))  # one view each, cut per sequence
+    got = _packed_heads_first(
+        qh, kh, vh, starts_q, starts_k, variant=variant, options=options, return_lse=return_lse,
+        batch_invariant=batch_invariant, xp=xp,
+    )  # fmt: skip
+    return _packed_layout(got, xp=xp)
+
+
+def varlen_heads_first(
+    qh: Array,
+    kh: Array,
+    vh: Array,
+    /,
+    *,
+    cu_seqlens_q: object,
+    cu_seqlens_k: object,
+    causal: Causal = False,
+    window: int | tuple[int, int] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: Array | None = None,
+    impl: Impl = "auto",
+    batch_invariant: bool = True,
+) -> Array:
+    """:func:`attention_varlen` on heads-first arrays, (1, H, Tq, d): the output (1, H, Tq, dv).
+
+    For the transformers adapter, whose model hands over ``(1, H, T, d)``
+    and takes the output back token-major: the packed layout's permutes
+    both ways cost a decode step more than its checks. The caller has
+    checked the ranks (4-D, one row) and the heads; the offsets, the
+    options and the call are checked here as :func:`attention_varlen` checks
+    them.
+    """
+    for name, x in (("q", qh), ("k", kh), ("v", vh)):
+        check_array(name, x)
+    xp = array_namespace(qh, kh, vh, sinks, names=_NAMES)
+    starts_q, starts_k = _offset_pair(cu_seqlens_q, cu_seqlens_k, qh.shape[2], kh.shape[2])
+    variant = build_variant(causal=causal, window=window, softcap=softcap, sinks=sinks)
+    options: dict[str, object] = {"scale": scale, "impl": impl, "block_size": None}
+    got = _packed_heads_first(
+        qh, kh, vh, starts_q, starts_k, variant=variant, options=options, return_lse=False,
+        batch_invariant=batch_invariant, xp=xp,
+    )  # fmt: skip
+    return cast("Array", got)
+
+
+def _offset_pair(
+    cu_seqlens_q: object,
+    cu_seqlens_k: object,
+    tq: int,
+    tk: int,
+    max_seqlen_q: object = None,
+    max_seqlen_k: object = None,
+) -> tuple[list[int], list[int]]:
+    """Both offsets on the host, checked, counting the same sequences (one empty one for none)."""
+    starts_q = host_offsets("cu_seqlens_q", cu_seqlens_q, total=tq, bound=max_seqlen_q)
+    starts_k = host_offsets("cu_seqlens_k", cu_seqlens_k, total=tk, bound=max_seqlen_k)
     if len(starts_q) != len(starts_k):
         msg = (
             "expected cu_seqlens_q and cu_seqlens_k to count the same sequences, got "
@@ -250,26 +325,51 @@ def attention_varlen(
         )
         raise ValueError(msg)
     if len(starts_q) == 1:  # no sequence: one empty one, so that every option is still checked
-        starts_q, starts_k = [0, 0], [0, 0]
-    variant = build_variant(
-        causal=causal, window=window, softcap=softcap, score_mod=score_mod, sinks=sinks
-    )
-    options: dict[str, object] = {"scale": scale, "impl": impl, "block_size": block_size}
-    if _fuses(batch_invariant, variant, q.shape[0], k.shape[0], len(starts_q) - 1):
+        return [0, 0], [0, 0]
+    return starts_q, starts_k
+
+
+def _packed_heads_first(
+    qh: Array,
+    kh: Array,
+    vh: Array,
+    starts_q: list[int],
+    starts_k: list[int],
+    *,
+    variant: Variant,
+    options: dict[str, object],
+    return_lse: object,
+    batch_invariant: object,
+    xp: Namespace,
+) -> Array | tuple[Array, Array]:
+    """The packed call on heads-first arrays: one fused call, or one call per sequence."""
+    tq, tk = qh.shape[2], kh.shape[2]
+    width = qh.shape[-1] + vh.shape[-1]
+    if _fuses(batch_invariant, variant, tq, tk, len(starts_q) - 1) and _worth_fusing(
+        starts_q, starts_k, heads=qh.shape[1], width=width, tk=tk
+    ):
         spans = [(a, b - a) for a, b in itertools.pairwise(starts_k)]
         return run_fused(
-            q, k, v, starts_q, spans, variant=variant, options=options, return_lse=return_lse,
+            qh, kh, vh, starts_q, spans, variant=variant, options=options, return_lse=return_lse,
             xp=xp,
         )  # fmt: skip
-    kh, vh = _heads_first(k, xp=xp), _heads_first(v, xp=xp)  # one view each, cut per sequence
     kvs = [(kh[..., a:b, :], vh[..., a:b, :]) for a, b in itertools.pairwise(starts_k)]
     return run_sequences(
-        q, starts_q, kvs, variant=variant, options=options, return_lse=return_lse, xp=xp
+        qh, starts_q, kvs, variant=variant, options=options, return_lse=return_lse, xp=xp
     )
+
+
+def _packed_layout(
+    got: Array | tuple[Array, Array], *, xp: Namespace
+) -> Array | tuple[Array, Array]:
+    """A heads-first result, (1, H, Tq, dv) (and the lse), in the packed layout (Tq, H, dv)."""
+    if isinstance(got, tuple):
+        return xp.permute_dims(got[0][0, ...], (1, 0, 2)), got[1]
+    return xp.permute_dims(got[0, ...], (1, 0, 2))
 
 
 def run_sequences(
-    q: Array,
+    qh: Array,
     starts_q: list[int],
     kvs: list[tuple[Array, Array]],
     *,
@@ -278,18 +378,17 @@ def run_sequences(
     return_lse: object,
     xp: Namespace,
 ) -> Array | tuple[Array, Array]:
-    """Each sequence's :func:`attention`, packed back: (Tq, H, dv) and the lse (H, Tq).
+    """Each sequence's :func:`attention`, packed back heads first: (1, H, Tq, dv), lse (H, Tq).
 
-    ``kvs`` holds each sequence's keys and values heads first, (1, Hkv,
-    Lk_i, d) (:func:`_heads_first` of the packed layout); ``q`` is packed,
-    cut at ``starts_q`` (at least one sequence, so that :func:`attention`
-    checks every option). ``variant`` holds the call's options (its
+    ``qh`` holds the queries heads first, (1, H, Tq, d) (:func:`_heads_first`
+    of the packed layout), cut at ``starts_q`` (at least one sequence, so
+    that :func:`attention` checks every option); ``kvs`` each sequence's
+    keys and values, (1, Hkv, Lk_i, d). ``variant`` holds the call's options (its
     ``score_mod`` sees ``b`` as the sequence's index), ``options`` the scale
     and how to run.
     """
     want_lse = check_flag("return_lse", return_lse)
     spans = list(itertools.pairwise(starts_q))
-    qh = _heads_first(q, xp=xp)  # (1, H, Tq, d): one view, cut per sequence
     outs, lses = [], []
     score_mod = variant.score_mod
     for i, ((a, b), (ki, vi)) in enumerate(zip(spans, kvs, strict=True)):
@@ -313,8 +412,7 @@ def run_sequences(
         outs.append(out)  # (1, H, Lq_i, dv)
         if want_lse:
             lses.append(got[1][0, ...])  # (H, Lq_i)
-    out = outs[0] if len(outs) == 1 else xp.concat(outs, axis=2)
-    out = xp.permute_dims(out[0, ...], (1, 0, 2))  # (Tq, H, dv)
+    out = outs[0] if len(outs) == 1 else xp.concat(outs, axis=2)  # (1, H, Tq, dv)
     if not want_lse:
         return out
     return out, (lses[0] if len(lses) == 1 else xp.concat(lses, axis=-1))
@@ -352,10 +450,11 @@ def host_offsets(name: str, offsets: object, *, total: int, bound: object = None
     if values[0] != 0:
         msg = f"expected {name} to start at 0, got {values[0]}"
         raise ValueError(msg)
-    for i, (a, b) in enumerate(itertools.pairwise(values)):
-        if b < a:
-            msg = f"expected {name} to be non-decreasing, got {a} then {b} at entries {i}, {i + 1}"
-            raise ValueError(msg)
+    if any(map(operator.gt, values, values[1:])):  # one C loop; the error names the entries
+        i = next(i for i, (a, b) in enumerate(itertools.pairwise(values)) if b < a)
+        a, b = values[i], values[i + 1]
+        msg = f"expected {name} to be non-decreasing, got {a} then {b} at entries {i}, {i + 1}"
+        raise ValueError(msg)
     if values[-1] != total:
         msg = f"expected {name} to end at the packed length {total}, got {values[-1]}"
         raise ValueError(msg)
@@ -371,10 +470,13 @@ def host_offsets(name: str, offsets: object, *, total: int, bound: object = None
     return values
 
 
+_INT = {int}
+
+
 def _host_ints(name: str, x: object) -> list[int]:
     """A 1-D integer array (any library) or a sequence of ints, as Python ints."""
     if isinstance(x, Sequence) and not isinstance(x, (str, bytes)):
-        if all(type(n) is int for n in x):  # the adapters' offsets: nothing to convert
+        if set(map(type, x)) <= _INT:  # the adapters' offsets: nothing to convert
             return list(x)
         return [check_int(f"{name}[{i}]", n) for i, n in enumerate(x)]
     if not (hasattr(x, "dtype") and hasattr(x, "shape")):
@@ -571,14 +673,18 @@ def paged_attention(
                 return_lse=return_lse, xp=xp,
             )  # fmt: skip
         k, v, spans = _gather_all(k_pages, v_pages, pages, lens, xp=xp)
-        return run_fused(
-            q, k, v, starts_q, spans, variant=variant, options=options, return_lse=return_lse,
-            xp=xp,
+        qh, kh, vh = (_heads_first(x, xp=xp) for x in (q, k, v))
+        got = run_fused(
+            qh, kh, vh, starts_q, spans, variant=variant, options=options,
+            return_lse=return_lse, xp=xp,
         )  # fmt: skip
+        return _packed_layout(got, xp=xp)
     kvs = _gather(k_pages, v_pages, pages, lens, xp=xp)
-    return run_sequences(
-        q, starts_q, kvs, variant=variant, options=options, return_lse=return_lse, xp=xp
-    )
+    got = run_sequences(
+        _heads_first(q, xp=xp), starts_q, kvs, variant=variant, options=options,
+        return_lse=return_lse, xp=xp,
+    )  # fmt: skip
+    return _packed_layout(got, xp=xp)
 
 
 def _check_pages(q: Array, k_pages: Array, v_pages: Array) -> None:
@@ -679,39 +785,67 @@ def _gather_all(
 
 def _block_diagonal(
     starts_q: list[int], spans_k: list[tuple[int, int]], tk: int, variant: Variant
-) -> np.ndarray:
-    """The (Tq, Tk) mask of the fused call: each sequence's own pattern, in its block.
+) -> tuple[np.ndarray, bool]:
+    """The (Tq, Tk) mask of the fused call, each sequence's own pattern in its block, and a fact.
 
     Each sequence's alignment and window come from ``Structure.build``, as its
     own call would resolve them; each query row then sees one range of key
     slots, and the (Tq, Tk) pairs are compared with those ranges in one pass.
+    The fact: whether every query row sees at least one key (its range is
+    not empty), which the offsets decide whatever the arrays hold.
     """
-    count = len(spans_k)
-    bounds = []  # each sequence's (offset, left, right), as its own call resolves them
-    for i, ((a, b), (_, n)) in enumerate(zip(itertools.pairwise(starts_q), spans_k, strict=True)):
+    causal, windowed = variant.causal is not False, variant.window is not None
+    if not windowed and variant.causal in _EVERY_KEY and starts_q == list(range(len(spans_k) + 1)):
+        # A decode step: one query per sequence, which sees every key of its own
+        # (bottom-right causal hides none from the last query; Structure.build
+        # refuses nothing here).
+        los = [first for first, _ in spans_k]
+        his = [first + n for first, n in spans_k]
+        return _ranges(los, his, tk)
+    los, his = [], []  # per query row: the slots [lo, hi) it sees
+    spans_q = itertools.pairwise(starts_q)
+    for i, ((a, b), (first, n)) in enumerate(zip(spans_q, spans_k, strict=True)):
         try:
-            s = Structure.build(b - a, n, variant.causal, variant.window)
+            offset, left, right = _resolved(b - a, n, variant.causal, variant.window)
         except ValueError as e:
             msg = f"sequence {i} (Lq={b - a}, Lk={n}): {e}"
             raise ValueError(msg) from e
-        bounds.append((s.offset, *(s.window if s.window is not None else (0, 0))))
-    offset, left, right = np.asarray(bounds, dtype=np.int64).reshape(count, 3).T
-    # Sequence i's keys are the slots [first_i, first_i + n_i): each query row
-    # sees one range of them, cut by its causal alignment and window.
-    starts, lq = np.asarray(starts_q, dtype=np.int64), np.diff(starts_q)
-    seq_q = np.repeat(np.arange(count), lq)
-    pos_q = np.arange(starts_q[-1]) - np.repeat(starts[:-1], lq)
-    firsts, lengths = np.asarray(spans_k, dtype=np.int64).reshape(count, 2).T
-    first, aligned = firsts[seq_q], pos_q + offset[seq_q]
-    lo, hi = first, first + lengths[seq_q]
-    if variant.causal is not False:
-        hi = np.minimum(hi, first + aligned + 1)
-    if variant.window is not None:
-        lo = np.maximum(lo, first + aligned - left[seq_q])
-        hi = np.minimum(hi, first + aligned + right[seq_q] + 1)
-    slot = np.arange(tk)[None, :]
-    allowed: np.ndarray = (slot >= lo[:, None]) & (slot < hi[:, None])
-    return allowed
+        # Sequence i's keys are the slots [first, first + n); its row r is
+        # aligned with the slot first + r + offset, which cuts its range.
+        for aligned in range(first + offset, first + offset + b - a):
+            lo, hi = first, first + n
+            if causal:
+                hi = min(hi, aligned + 1)
+            if windowed:
+                lo, hi = max(lo, aligned - left), min(hi, aligned + right + 1)
+            los.append(lo)
+            his.append(hi)
+    return _ranges(los, his, tk)
+
+
+# The causal values under which a sequence's one query sees every key it holds.
+_EVERY_KEY = (False, "bottom_right")
+
+
+def _ranges(los: list[int], his: list[int], tk: int) -> tuple[np.ndarray, bool]:
+    """The (rows, tk) mask of rows that see the slots ``[lo, hi)``, and whether none is empty."""
+    lo_rows, hi_rows = np.asarray(los, dtype=np.int64), np.asarray(his, dtype=np.int64)
+    slot = np.arange(tk)
+    allowed: np.ndarray = (slot >= lo_rows[:, None]) & (slot < hi_rows[:, None])
+    return allowed, bool(np.all(hi_rows > lo_rows))
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolved(
+    lq: int, lk: int, causal: bool | str, window: tuple[int, int] | None
+) -> tuple[int, int, int]:
+    """A sequence's ``(offset, left, right)`` as ``Structure.build`` resolves it (its errors too).
+
+    Memoised: a decode step's sequences repeat the lengths of earlier steps'.
+    """
+    s = Structure.build(lq, lk, causal, window)  # type: ignore[arg-type]
+    left, right = s.window if s.window is not None else (0, 0)
+    return s.offset, left, right
 
 
 def run_decode(
@@ -755,36 +889,56 @@ def run_decode(
 # The fused call's dense mask: at most this many (query, key) pairs (4 MiB of booleans).
 _FUSED_MAX = 1 << 22
 
-# The last fused masks, on their device: a model's layers repeat one step's
-# offsets (one mask per layer type), so a step builds each once.
-_MASKS: dict[tuple[object, ...], Array] = {}
+# The last fused variants (their masks on their device): a model's layers
+# repeat one step's offsets (one mask per layer type), so a step builds each once.
+_MASKS: dict[tuple[object, ...], Variant] = {}
 _MASKS_MAX = 4
 
 
-def _fused_mask(
+def _fused_variant(
     starts_q: list[int],
     spans_k: list[tuple[int, int]],
     tk: int,
     variant: Variant,
     *,
+    additive: object,
     like: Array,
     xp: Namespace,
-) -> Array:
-    """:func:`_block_diagonal` on ``like``'s device, memoised on the offsets and the pattern.
+) -> Variant:
+    """The fused call's variant: :func:`_block_diagonal`'s mask on ``like``'s device, and its fact.
 
-    Not memoised in a trace (``jax.jit``, ``torch.compile``): its arrays must not outlive it.
+    The mask is (1, 1, Tq, Tk), the layout ``prepare`` gives it anyway; with
+    ``additive`` (a dtype: the kernel's compute dtype) it is the bias a
+    kernel adds in its place, 0 where a pair is allowed and ``-inf``
+    elsewhere (:func:`_kernel_first`). ``rows_see_keys`` is set where the
+    offsets leave every row a key, so that the native path need not look for
+    empty rows. Memoised on the offsets, the pattern, the soft cap and
+    ``additive`` (``sinks``, an array, is added on each call); not in a
+    trace (``jax.jit``, ``torch.compile``): its arrays must not outlive it.
     """
     device = device_of(like)
-    key = (tuple(starts_q), tuple(spans_k), tk, variant.causal, variant.window, xp, device)
-    mask = _MASKS.get(key)
-    if mask is None:
-        mask = xp.asarray(_block_diagonal(starts_q, spans_k, tk, variant), device=device)
-        if not is_concrete(like):
-            return mask
-        if len(_MASKS) >= _MASKS_MAX:
-            _MASKS.clear()
-        _MASKS[key] = mask
-    return mask
+    key: tuple[object, ...] = (tuple(starts_q), tuple(spans_k), tk, variant.causal)
+    key += (variant.window, variant.softcap, additive, xp, device)
+    fused = _MASKS.get(key)
+    if fused is None:
+        allowed, sees = _block_diagonal(starts_q, spans_k, tk, variant)
+        mask = bias = None
+        if additive is None:
+            mask = xp.asarray(allowed[None, None, ...], device=device)
+        else:  # in NumPy's float32 or float64 (the compute dtypes), so that torch need not cast
+            kind = np.float32 if additive == xp.float32 else np.float64
+            hidden = np.where(allowed, kind(0.0), kind(-np.inf))[None, None, ...]
+            bias = xp.asarray(hidden, dtype=additive, device=device)
+        fused = build_variant(mask=mask, bias=bias, softcap=variant.softcap)
+        if sees:  # proved from the offsets, whatever the arrays hold
+            fused = dataclasses.replace(fused, rows_see_keys=True)
+        if is_concrete(like):
+            if len(_MASKS) >= _MASKS_MAX:
+                _MASKS.clear()
+            _MASKS[key] = fused
+    if variant.sinks is not None:
+        fused = fused.with_arrays([("sinks", variant.sinks)])
+    return fused
 
 
 def _fuses(batch_invariant: object, variant: Variant, tq: int, tk: int, count: int) -> bool:
@@ -794,10 +948,37 @@ def _fuses(batch_invariant: object, variant: Variant, tq: int, tk: int, count: i
     return count > 1 and variant.score_mod is None and tq * tk <= _FUSED_MAX
 
 
+# What the fused call may spend on pairs that no sequence sees (each a score
+# and a weighted value per head: heads * (d + dv) multiply-adds), per call it
+# saves: about what a call costs beside its kernel (torch 2.13's SDPA on 2 CPU
+# threads, the serving bench's tiny Llama: 4 heads, d = dv = 16). A decode
+# step of 16 sequences then fuses up to 8192 keys in all; a chunked prefill of
+# 256 tokens over long prompts (continuous_long) runs per sequence.
+_FUSED_WASTE_PER_CALL = 1 << 20
+
+
+def _worth_fusing(
+    starts_q: list[int], starts_k: list[int], *, heads: int, width: int, tk: int
+) -> bool:
+    """Whether one masked call over the packed row costs less than a call per sequence.
+
+    The fused call computes every (query, key) pair of the packed row, a
+    call per sequence only its own: one call wins while the pairs it wastes
+    cost less than the calls it saves (:data:`_FUSED_WASTE_PER_CALL`).
+    """
+    budget = (len(starts_q) - 2) * _FUSED_WASTE_PER_CALL
+    if heads * width * starts_q[-1] * tk <= budget:  # even were every pair wasted
+        return True
+    spans_q, spans_k = itertools.pairwise(starts_q), itertools.pairwise(starts_k)
+    own = sum((b - a) * (d - c) for (a, b), (c, d) in zip(spans_q, spans_k, strict=True))
+    waste = starts_q[-1] * tk - own
+    return heads * width * waste <= budget
+
+
 def run_fused(
-    q: Array,
-    k: Array,
-    v: Array,
+    qh: Array,
+    kh: Array,
+    vh: Array,
     starts_q: list[int],
     spans_k: list[tuple[int, int]],
     *,
@@ -808,37 +989,60 @@ def run_fused(
 ) -> Array | tuple[Array, Array]:
     """Every sequence in one call on the packed row, a block-diagonal mask from the offsets.
 
-    Sequence ``i``'s queries are ``q[starts_q[i]:starts_q[i+1]]`` and its
-    keys the ``n`` rows of ``k`` from ``spans_k[i] = (first, n)``; its block
-    of the mask is the pattern its own call would use (``Structure``:
-    causal alignment and window per sequence), so it sees what it sees alone.
+    Heads first, in and out: ``qh`` is (1, H, Tq, d), ``kh`` and ``vh`` are
+    (1, Hkv, Tk, d); the output (1, H, Tq, dv), the lse (H, Tq). Sequence
+    ``i``'s queries are the rows ``starts_q[i]:starts_q[i+1]`` and its keys
+    the ``n`` rows from ``spans_k[i] = (first, n)``; its block of the mask
+    is the pattern its own call would use (``Structure``: causal alignment
+    and window per sequence), so it sees what it sees alone.
     """
     want_lse = check_flag("return_lse", return_lse)
-    mask = _fused_mask(starts_q, spans_k, k.shape[0], variant, like=q, xp=xp)
-    fused = build_variant(mask=mask, softcap=variant.softcap, sinks=variant.sinks)
-    kernel = _kernel_first(fused, options, want_lse, xp=xp)
+    kernel = _kernel_first(variant, options, want_lse, xp=xp)
+    additive = compute_dtype(qh.dtype, xp=xp) if kernel else None
+    fused = _fused_variant(
+        starts_q, spans_k, kh.shape[2], variant, additive=additive, like=qh, xp=xp
+    )
     got = attend(
-        _heads_first(q, xp=xp), _heads_first(k, xp=xp), _heads_first(v, xp=xp),
-        variant=fused, return_lse=want_lse, xp=xp, **(options | kernel),
+        qh, kh, vh, variant=fused, return_lse=want_lse, xp=xp, **(options | kernel)
     )  # fmt: skip
     out: Array = got[0] if want_lse else got
-    out = xp.permute_dims(out[0, ...], (1, 0, 2))  # (Tq, H, dv)
-    if is_concrete(out) and not bool(xp.all(xp.isfinite(out))):
+    if is_concrete(out) and not _finite(out, xp=xp):
         # A key hidden from some row may be inf or NaN, which a kernel reads
         # (NaN rows) and a materialised product weighs by 0 (0 * inf): each
         # sequence alone never sees another's keys. Only where the output
         # can be read: in a trace (jax.jit, torch.compile) or on dask, such
         # a key still reaches the other sequences' rows (documented above).
-        kh, vh = _heads_first(k, xp=xp), _heads_first(v, xp=xp)
         kvs = [(kh[..., a : a + n, :], vh[..., a : a + n, :]) for a, n in spans_k]
         return run_sequences(
-            q, starts_q, kvs, variant=variant, options=options, return_lse=want_lse, xp=xp
+            qh, starts_q, kvs, variant=variant, options=options, return_lse=want_lse, xp=xp
         )
     return (out, got[1][0, ...]) if want_lse else out
 
 
+def _finite(x: Array, *, xp: Namespace) -> bool:
+    """Whether every element of the concrete ``x`` is finite, from one reduction: its sum.
+
+    A sum is finite only where every term is: NaN spreads, and an inf gives
+    inf, or NaN beside an inf of the other sign. So a finite sum proves the
+    check; a non-finite one is either a non-finite term or an overflow, a
+    false alarm whose only cost is the per-sequence run. Summed in float32
+    at least (float64 stays float64), so that half types rarely overflow.
+    One reduction and a host read, against ``isfinite``'s array, ``all``
+    and the read.
+    """
+    wide = xp.float64 if x.dtype == xp.float64 else xp.float32
+    if namespace_library(xp) in _ON_NUMPY:  # inf - inf and overflows are asked, not warned of
+        with np.errstate(over="ignore", invalid="ignore"):
+            return math.isfinite(host_float(xp.sum(x, dtype=wide)))
+    return math.isfinite(host_float(xp.sum(x, dtype=wide)))
+
+
+# The libraries whose arithmetic is NumPy's, and warns of invalid values and overflows.
+_ON_NUMPY = ("numpy", "array_api_strict")
+
+
 def _kernel_first(
-    fused: Variant, options: dict[str, object], want_lse: bool, *, xp: Namespace
+    variant: Variant, options: dict[str, object], want_lse: bool, *, xp: Namespace
 ) -> dict[str, object]:
     """``{"impl": "native"}`` where the fused call may skip ``impl="auto"``'s check of the keys.
 
@@ -850,14 +1054,18 @@ def _kernel_first(
     always shows there: the kernel adds ``-inf`` to its score (NaN for NaN
     or +inf) or weighs its value by 0 (``0 * inf``). In a trace
     (``torch.compile``) neither is read, as ``auto`` reads no key there.
+    The kernel is then handed the mask as the bias it would turn a boolean
+    mask into on every call (0 where allowed, ``-inf`` elsewhere: the same
+    scores), built once per step (:func:`_fused_variant`).
     ``{}`` elsewhere: other libraries, other paths, options the kernel
-    lacks, and the lse.
+    lacks (``variant``'s are the fused call's: the same soft cap and
+    sinks), and the lse.
     """
     if (
         options["impl"] != "auto"
         or want_lse
         or namespace_library(xp) != "torch"
-        or fused.kernel_lacks() is not None
+        or variant.kernel_lacks() is not None
     ):
         return {}
     return {"impl": "native"}

@@ -38,7 +38,15 @@ from ._modspec import index_dtype, mod_library
 from ._problem import Problem
 from ._variant import Variant, build_variant
 
-__all__ = ["PlainPlan", "bare_key", "forget_checked", "plain_plan", "plan_key", "prepare"]
+__all__ = [
+    "PlainPlan",
+    "bare_key",
+    "forget_checked",
+    "kernel_mask_plan",
+    "plain_plan",
+    "plan_key",
+    "prepare",
+]
 
 
 def _align(x: Array, ndim: int, *, xp: Namespace) -> Array:
@@ -321,6 +329,7 @@ def forget_checked() -> None:
     from these plans too.
     """
     _PLANS.clear()
+    _KERNEL_MASK.clear()
 
 
 def _plan(
@@ -446,6 +455,76 @@ def _arrays_key(
             return None
         memo += (name, x.dtype, x.shape, None if numpy else x.device)
     return memo
+
+
+def kernel_mask_plan(
+    query: Array, key: Array, value: Array, /, *, variant: Variant, scale: object
+) -> tuple[float, int, Device] | None:
+    """``(scale, groups, device)`` of a repeat masked call a kernel takes as it is; else ``None``.
+
+    For :func:`~portattn._attention.attend`'s shortcut of the fused varlen
+    call: one ``mask`` or ``bias`` and no other option, every row proved to
+    see a key (``rows_see_keys``), and a plan :func:`prepare` has already
+    checked with these very dtypes, shapes and devices (:func:`_arrays_key`)
+    in which positions hide nothing and every array is already laid out:
+    4-D, (B, H) and (B, H // groups) batch axes, in the compute dtype, which
+    is the output's. What the native path would hand the kernel is then
+    these arrays as they are. ``None`` for any other call.
+
+    Eager torch tensors only. A yes is memoised for the variant itself (held,
+    so that its id is not reused; a step's layers share one) and these
+    dtypes, shapes, devices and scale: a step's second layer asks again.
+    """
+    torch = sys.modules.get("torch")
+    t = type(query)
+    if torch is None or t is not torch.Tensor or type(key) is not t or type(value) is not t:
+        return None
+    if torch.compiler.is_compiling():
+        return None
+    facts: tuple[object, ...] = (query.dtype, key.dtype, value.dtype, query.shape, key.shape)
+    facts += (value.shape, query.device, key.device, value.device, type(scale), scale)
+    known = _KERNEL_MASK.get(id(variant))
+    if known is not None and known[0] is variant and known[1] == facts:
+        return known[2]
+    planned = _kernel_mask_plan(query, key, value, variant, scale)
+    if planned is not None:  # a no may turn yes once prepare has checked the call
+        if len(_KERNEL_MASK) >= _KERNEL_MASK_MAX:
+            _KERNEL_MASK.clear()
+        _KERNEL_MASK[id(variant)] = (variant, facts, planned)
+    return planned
+
+
+# kernel_mask_plan's yeses: (variant, its call's facts, the answer) by the variant's id.
+_KERNEL_MASK: dict[int, tuple[Variant, tuple[object, ...], tuple[float, int, Device]]] = {}
+_KERNEL_MASK_MAX = 8
+
+
+def _kernel_mask_plan(
+    query: Array, key: Array, value: Array, variant: Variant, scale: object
+) -> tuple[float, int, Device] | None:
+    """:func:`kernel_mask_plan`, asked of the plans."""
+    mask, bias = variant.mask, variant.bias
+    x = mask if bias is None else bias
+    if x is None or not variant.rows_see_keys or (mask is not None and bias is not None):
+        return None
+    if len(variant.arrays()) != 1 or variant.softcap is not None:
+        return None
+    memo = _arrays_key(query, key, value, variant, scale)
+    plan = None if memo is None else _PLANS.get(memo)
+    if plan is None:
+        return None
+    batch, structure, out_dtype, work, dev, scale_value, _, groups, _ = plan
+    if not structure.trivial or 0 in (structure.lq, structure.lk) or len(batch) != 2:
+        return None
+    kv = (batch[0], batch[1] // groups)
+    if 0 in batch or tuple(query.shape[:2]) != batch or x.ndim != 4:
+        return None
+    if tuple(key.shape[:2]) != kv or tuple(value.shape[:2]) != kv:
+        return None
+    dtypes = (out_dtype, query.dtype, key.dtype, value.dtype, work if bias is None else bias.dtype)
+    if any(t != work for t in dtypes):
+        return None
+    return scale_value, groups, dev
 
 
 # (scale, groups, batch, structure, d, device) of a memoised plain call.

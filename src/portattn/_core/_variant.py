@@ -69,6 +69,11 @@ class Variant:
     # shapes and turns them into ``mods`` (then both are None).
     score_mod: Any = None
     block_mask: Any = None
+    # Not an option: True only where the caller has proved that every query
+    # row sees at least one key, whatever the arrays' values (the fused varlen
+    # call, from its offsets: _varlen.run_fused). The native path then skips
+    # its search for empty rows (an ``any`` over the mask and a ``where``).
+    rows_see_keys: bool = False
 
     #: The array fields, in the order their checks run (and errors are found).
     ARRAYS: ClassVar[dict[str, ArraySpec]] = {
@@ -228,7 +233,7 @@ class Variant:
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Variant))
 #: The options' keywords, as the public signatures and :func:`build_variant` spell them.
-OPTIONS = tuple(name for name in _FIELDS if name != "mods")
+OPTIONS = tuple(name for name in _FIELDS if name not in ("mods", "rows_see_keys"))
 #: The array field that is one more logit per row (gpt-oss's attention sinks).
 SINK = "sinks"
 # The options that are neither arrays nor mods: plain values, a memo key's parts.

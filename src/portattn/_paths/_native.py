@@ -13,7 +13,8 @@ unless the entry left that to the kernel (``Problem.kernel_scale``, 1 where
 (causal in either alignment, windows, key and query lengths) folded into one
 boolean mask, so alignment is decided by portattn and never by the kernel's
 own convention. Rows that see no key are set to 0 afterwards, whatever the
-kernel made of them (NaN, uniform weights, ...). What does not map raises
+kernel made of them (NaN, uniform weights, ...), unless the caller proved that
+there are none (``Variant.rows_see_keys``, set by the fused varlen call). What does not map raises
 :class:`NotImplementedError` naming it (:func:`refusal`); the generic paths
 stay the reference.
 
@@ -249,8 +250,8 @@ def _torch(
         **gqa,
     )
     # Rows that see nothing are 0 by portattn's contract; kernels differ here
-    # (torch's math kernel gives NaN).
-    seen = _visible_rows(allowed4, bias4, xp=xp)
+    # (torch's math kernel gives NaN). None where the caller proved there are none.
+    seen = None if p.variant.rows_see_keys else _visible_rows(allowed4, bias4, xp=xp)
     if seen is not None:
         out = xp.where(seen, out, 0.0)
     return out if four else xp.reshape(out, (*p.batch, p.lq, p.dv))
@@ -280,7 +281,7 @@ def _jax(
     def scores_like(x: Array | None) -> Array | None:  # (..., Lq, Lk) -> (B, N, Lq, Lk)
         return None if x is None else xp.reshape(xp.broadcast_to(x, shape), (rows, heads, lq, lk))
 
-    seen = _visible_rows(allowed, bias, xp=xp)
+    seen = None if p.variant.rows_see_keys else _visible_rows(allowed, bias, xp=xp)
     if seen is not None and bias is not None:
         # A row whose bias is all -inf makes the kernel's softmax NaN, and the
         # where() below cannot stop that NaN in the backward (0 * NaN = NaN):

@@ -78,7 +78,7 @@ from .._core._groups import group_heads, group_mask, group_per_head, ungroup_hea
 from .._lib._checks import check_flag
 from .._lib._compat import array_namespace
 from .._lib._typing import Namespace
-from .._varlen import attention_varlen
+from .._varlen import varlen_heads_first
 from ._tiny import ARCHITECTURES, NON_CAUSAL_ARCHITECTURES, tiny_batch, tiny_model
 
 __all__ = [
@@ -133,8 +133,9 @@ class _Call:
     """One attention call of a model, translated into portattn's terms.
 
     Dense: ``q``, ``k``, ``v`` grouped (B, Hkv, G, L, d) for :func:`attention`.
-    Packed (``offsets`` set): (T, H, d) and (T, Hkv, d) for
-    :func:`attention_varlen`, with ``offsets = (cu_seqlens_q, cu_seqlens_k)``.
+    Packed (``offsets`` set): the model's own (1, H, T, d) and (1, Hkv, T, d)
+    for :func:`attention_varlen` on heads-first arrays (``varlen_heads_first``),
+    with ``offsets = (cu_seqlens_q, cu_seqlens_k)``.
     """
 
     q: torch.Tensor
@@ -287,8 +288,9 @@ def _translate(
         options |= _sinks(kwargs.get("s_aux"), hq=hq, hkv=None, xp=xp)
         # serve(model, batch_invariant=False) marks the layers: one fused call per step
         options["batch_invariant"] = getattr(module, "portattn_batch_invariant", True)
-        q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, d)
-        return _Call(q, k, v, options, offsets, weights=False)
+        # As they come, (1, H, T, d): the packed layout's permutes, both ways, cost more
+        # than a decode step's checks.
+        return _Call(query, key, value, options, offsets, weights=False)
     options |= _masks(attention_mask, kwargs.get("position_bias"), (hq, hkv, lq, lk), xp=xp)
     options |= _causal_window(attention_mask, sliding, is_causal=is_causal, lq=lq, lk=lk)
     options |= _sinks(kwargs.get("s_aux"), hq=hq, hkv=hkv, xp=xp)
@@ -302,11 +304,11 @@ def _run(call: _Call, *, impl: Impl) -> tuple[torch.Tensor, torch.Tensor | None]
     """The translated call, computed, in transformers' layout: (B, Lq, Hq, dv) and the weights."""
     if call.offsets is not None:
         cu_q, cu_k = call.offsets
-        out = attention_varlen(
+        out = varlen_heads_first(
             call.q, call.k, call.v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, impl=impl,
             **call.options,
         )  # fmt: skip
-        return cast("torch.Tensor", out)[None, ...], None  # (1, T, Hq, dv)
+        return cast("torch.Tensor", out).transpose(1, 2), None  # (1, T, Hq, dv)
     xp = array_namespace(call.q)
     out = cast("torch.Tensor", attention(call.q, call.k, call.v, impl=impl, **call.options))
     out = ungroup_heads(out, xp=xp).transpose(1, 2).contiguous()  # (B, Lq, Hq, dv)
