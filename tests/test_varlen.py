@@ -16,7 +16,7 @@ import portattn as pa
 from portattn._lib._compat import is_concrete
 from portattn.testing import to_numpy
 
-from conftest import Backend, assert_close_on, jax_x64, jitted
+from conftest import Backend, assert_close_on, jax_x64, jitted, needs
 
 H, HKV, D = 4, 2, 8
 LQ = [5, 0, 23, 1, 12]  # an empty sequence and a decode-sized one among them
@@ -337,7 +337,9 @@ def test_causal_true_needs_equal_lengths_and_names_the_sequence(rng):
 
 
 def test_torch_matches_sdpa_with_the_block_diagonal_mask_forward_and_backward(rng):
-    torch = pytest.importorskip("torch")  # in the test dependency group: present
+    needs("torch", "torch")
+    import torch
+
     from conftest import get_backend
 
     get_backend("torch")
@@ -375,7 +377,9 @@ def test_torch_matches_sdpa_with_the_block_diagonal_mask_forward_and_backward(rn
 
 
 def test_jax_grads_match_the_dense_formula_under_jit(rng):
-    jax = pytest.importorskip("jax")
+    needs("jax", "jax")
+    import jax
+
     from conftest import get_backend
 
     get_backend("jax")
@@ -434,7 +438,9 @@ def test_fused_torch_call_is_sdpa_with_the_boolean_mask_bit_for_bit(rng, window,
     Built once per step instead of by the kernel on every layer: the same
     scores, so the same bits as SDPA handed the boolean block-diagonal mask.
     """
-    torch = pytest.importorskip("torch")  # in the test dependency group: present
+    needs("torch", "torch")
+    import torch
+
     from conftest import get_backend
 
     get_backend("torch")
@@ -485,7 +491,7 @@ def test_fused_rows_that_see_no_key_are_zero_in_one_call(rng, monkeypatch, lib, 
     path looks for the empty rows and zeroes them: JAX's kernel spreads
     their weight uniformly (torch 2.13's gives 0 itself, older math kernels NaN).
     """
-    pytest.importorskip(lib)
+    needs(lib, lib)
     import portattn._varlen as varlen
 
     from conftest import get_backend
@@ -541,7 +547,9 @@ def test_fused_repeat_call_goes_straight_to_the_kernel_with_the_same_bits(
     Not under autocast, which the whole way turns off (the shortcut would
     run the kernel in bfloat16).
     """
-    torch = pytest.importorskip("torch")
+    needs("torch", "torch")
+    import torch
+
     import portattn._attention as attention
     from portattn._paths._auto import forget_plans
 
@@ -613,7 +621,9 @@ def test_fused_shortcut_memo_answers_only_the_same_call(rng):
     ``scale=True`` equals ``1`` as a dict key: the memo keys on the scale's
     type too, so the checks still refuse it.
     """
-    torch = pytest.importorskip("torch")
+    needs("torch", "torch")
+    import torch
+
     from portattn._attention import attend
     from portattn._core._prepare import kernel_mask_plan
     from portattn._core._variant import build_variant
