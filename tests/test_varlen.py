@@ -328,6 +328,26 @@ def test_bad_offsets_are_refused_by_name(rng, cu_q, cu_k, error, match):
         )
 
 
+@pytest.mark.parametrize("heads_first", [False, True])
+def test_bad_layouts_are_refused_with_the_expected_shape(rng, heads_first):
+    """Both layouts: the packed (T, H, d) and the adapter's heads-first (1, H, T, d)."""
+    from portattn._varlen import varlen_heads_first
+
+    q, k, v = _packed(rng, LQ, LK)
+    call = pa.attention_varlen
+    if heads_first:
+        q, k, v = (np.transpose(x, (1, 0, 2))[None] for x in (q, k, v))
+        call = varlen_heads_first
+    want = "4-D \\(1, H, Tq, d\\)" if heads_first else "3-D \\(Tq, H, d\\)"
+    bad_q = [q[0], np.concatenate([q, q])] if heads_first else [q[0], q[None]]
+    for wrong in bad_q:
+        with pytest.raises(ValueError, match=f"expected q to be {want}, got shape"):
+            call(wrong, k, v, cu_seqlens_q=_cu(LQ), cu_seqlens_k=_cu(LK))
+    short_v = v[..., :-1, :] if heads_first else v[:-1]
+    with pytest.raises(ValueError, match="expected k and v to share"):
+        call(q, k, short_v, cu_seqlens_q=_cu(LQ), cu_seqlens_k=_cu(LK))
+
+
 def test_causal_true_needs_equal_lengths_and_names_the_sequence(rng):
     q, k, v = _packed(rng, LQ, LK)
     with pytest.raises(ValueError, match=r"sequence 0 \(Lq=5, Lk=9\).*bottom_right"):

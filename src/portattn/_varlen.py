@@ -44,6 +44,7 @@ import numpy as np
 from ._attention import Impl, attend
 from ._core._masks import Causal, Structure
 from ._core._modspec import ScoreMod
+from ._core._prepare import forget_kernel_masks
 from ._core._variant import Variant, build_variant
 from ._lib._checks import check_array, check_flag, check_int, dtype_name, shown
 from ._lib._compat import (
@@ -289,12 +290,12 @@ def varlen_heads_first(
     For the transformers adapter, whose model hands over ``(1, H, T, d)``
     and takes the output back token-major: the packed layout's permutes
     both ways cost a decode step more than its checks. The caller has
-    checked the ranks (4-D, one row) and the heads; the offsets, the
-    options and the call are checked here as :func:`attention_varlen` checks
-    them.
+    checked the heads; the ranks, the offsets, the options and the call are
+    checked here as :func:`attention_varlen` checks them.
     """
     for name, x in (("q", qh), ("k", kh), ("v", vh)):
         check_array(name, x)
+    _check_packed(qh, kh, vh, heads_first=True)
     xp = array_namespace(qh, kh, vh, sinks, names=_NAMES)
     starts_q, starts_k = _offset_pair(cu_seqlens_q, cu_seqlens_k, qh.shape[2], kh.shape[2])
     variant = build_variant(causal=causal, window=window, softcap=softcap, sinks=sinks)
@@ -428,15 +429,22 @@ def _heads_first(x: Array, *, xp: Namespace) -> Array:
     return xp.permute_dims(x, (1, 0, 2))[None, ...]
 
 
-def _check_packed(q: Array, k: Array, v: Array) -> None:
-    """Ranks and the shared sizes of the packed layout; :func:`attention` checks the rest."""
-    for name, x, layout in (("q", q, "Tq, H, d"), ("k", k, "Tk, Hkv, d"), ("v", v, "Tk, Hkv, dv")):
-        if x.ndim != 3:
-            msg = f"expected {name} to be 3-D ({layout}), got shape {tuple(x.shape)}"
+def _check_packed(q: Array, k: Array, v: Array, *, heads_first: bool = False) -> None:
+    """Ranks and the shared sizes of the packed layout; :func:`attention` checks the rest.
+
+    ``heads_first``: the layout of :func:`varlen_heads_first`, one row (1, H, T, d).
+    """
+    lead, rank, shared = ("1, ", 4, "(1, Hkv, Tk)") if heads_first else ("", 3, "(Tk, Hkv)")
+    layouts = ("Tq, H, d", "Tk, Hkv, d", "Tk, Hkv, dv")
+    if heads_first:
+        layouts = ("H, Tq, d", "Hkv, Tk, d", "Hkv, Tk, dv")
+    for name, x, layout in zip(("q", "k", "v"), (q, k, v), layouts, strict=True):
+        if x.ndim != rank or (heads_first and x.shape[0] != 1):
+            msg = f"expected {name} to be {rank}-D ({lead}{layout}), got shape {tuple(x.shape)}"
             raise ValueError(msg)
-    if k.shape[:2] != v.shape[:2]:
+    if k.shape[: rank - 1] != v.shape[: rank - 1]:
         msg = (
-            f"expected k and v to share (Tk, Hkv), got shapes {tuple(k.shape)} and {tuple(v.shape)}"
+            f"expected k and v to share {shared}, got shapes {tuple(k.shape)} and {tuple(v.shape)}"
         )
         raise ValueError(msg)
 
@@ -935,6 +943,7 @@ def _fused_variant(
         if is_concrete(like):
             if len(_MASKS) >= _MASKS_MAX:
                 _MASKS.clear()
+                forget_kernel_masks()  # it holds masks of these variants too
             _MASKS[key] = fused
     if variant.sinks is not None:
         fused = fused.with_arrays([("sinks", variant.sinks)])

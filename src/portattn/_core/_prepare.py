@@ -329,6 +329,15 @@ def forget_checked() -> None:
     from these plans too.
     """
     _PLANS.clear()
+    forget_kernel_masks()
+
+
+def forget_kernel_masks() -> None:
+    """Empty :func:`kernel_mask_plan`'s memo, which holds its variants (and their masks).
+
+    The fused varlen call empties it with its own memo of masks, so that
+    the two never keep more masks alive than that one holds.
+    """
     _KERNEL_MASK.clear()
 
 
