@@ -670,3 +670,27 @@ def test_fused_shortcut_memo_answers_only_the_same_call(rng):
     with pytest.raises(ValueError, match="expected scale to be a finite real number"):
         attend(qh, kh, vh, variant=fused, scale=True, impl="native", xp=xp)
     assert kernel_mask_plan(qh.double(), kh.double(), vh.double(), variant=fused, scale=1) is None
+
+
+def test_the_kernel_memo_holds_no_mask_the_fused_memo_let_go(rng):
+    """Emptying the fused masks' memo empties kernel_mask_plan's: no bias outlives both."""
+    needs("torch", "torch")
+    import torch
+
+    import portattn._core._prepare as prepare
+    import portattn._varlen as varlen
+
+    from conftest import get_backend
+
+    get_backend("torch")
+    for step in range(2 * varlen._MASKS_MAX + 1):  # past the memo's size: emptied at least once
+        lq, lk = [1, 1, 1], [5 + step, 9, 2]
+        q, k, v = (torch.tensor(x, dtype=torch.float32) for x in _packed(rng, lq, lk))
+        for _ in range(2):  # a step's two layers: the second one memoises the kernel's plan
+            pa.attention_varlen(
+                q, k, v, cu_seqlens_q=_cu(lq), cu_seqlens_k=_cu(lk), causal="bottom_right",
+                batch_invariant=False,
+            )  # fmt: skip
+        held = {id(fused) for fused in varlen._MASKS.values()}
+        assert prepare._KERNEL_MASK, "the repeat call memoised no kernel plan"
+        assert {id(entry[0]) for entry in prepare._KERNEL_MASK.values()} <= held
