@@ -34,6 +34,19 @@ def _packed(rng: np.random.Generator, lq: list[int], lk: list[int], hkv: int = H
     return q, k, v
 
 
+def _counted(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[int]:
+    """Patch ``owner.name`` to count its calls; the list fills as the patched function runs."""
+    calls: list[int] = []
+    original = getattr(owner, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 def _varlen(backend: Backend, q, k, v, /, **options: Any) -> Any:
     """pa.attention_varlen on ``backend``; under jax.jit on JAX (eager JAX is slow)."""
     arrays = [backend.asarray(x) for x in (q, k, v)]
@@ -155,14 +168,7 @@ def test_batch_invariant_false_is_one_call_equal_within_rounding(
     """The fused path: one attend call with the block-diagonal mask, the same values."""
     import portattn._varlen as varlen
 
-    calls: list[int] = []
-    attend = varlen.attend
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return attend(*args, **kwargs)
-
-    monkeypatch.setattr(varlen, "attend", counted)
+    calls = _counted(monkeypatch, varlen, "attend")
     q, k, v = _packed(rng, LQ, LK)
     sinks = rng.standard_normal(H)
     opts = {n: (backend.asarray(sinks) if x == "sinks" else x) for n, x in CASES[case].items()}
@@ -517,14 +523,7 @@ def test_fused_rows_that_see_no_key_are_zero_in_one_call(rng, monkeypatch, lib, 
     from conftest import get_backend
 
     backend = get_backend(lib)
-    calls: list[int] = []
-    attend = varlen.attend
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return attend(*args, **kwargs)
-
-    monkeypatch.setattr(varlen, "attend", counted)
+    calls = _counted(monkeypatch, varlen, "attend")
     lq, lk = [3, 2, 4], [5, 0, 4]
     q, k, v = _packed(rng, lq, lk)
     # JAX's kernel: float32 only, and values as wide as the queries.
@@ -577,14 +576,7 @@ def test_fused_repeat_call_goes_straight_to_the_kernel_with_the_same_bits(
 
     get_backend("torch")
     lq, lk = lengths
-    prepared: list[int] = []
-    prepare = attention.prepare
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        prepared.append(1)
-        return prepare(*args, **kwargs)
-
-    monkeypatch.setattr(attention, "prepare", counted)
+    prepared = _counted(monkeypatch, attention, "prepare")
     q, k, v = (torch.tensor(x, dtype=torch.float32) for x in _packed(rng, lq, lk))
     options: dict[str, Any] = {
         "cu_seqlens_q": _cu(lq), "cu_seqlens_k": _cu(lk), "causal": "bottom_right",
@@ -612,14 +604,7 @@ def test_fused_batch_of_long_sequences_runs_per_sequence(rng, monkeypatch):
     """
     import portattn._varlen as varlen
 
-    calls: list[int] = []
-    attend = varlen.attend
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return attend(*args, **kwargs)
-
-    monkeypatch.setattr(varlen, "attend", counted)
+    calls = _counted(monkeypatch, varlen, "attend")
     lq, lk = [1, 1, 1, 1], [6000, 5000, 6000, 5500]  # decode over long caches
     q, k, v = _packed(rng, lq, lk)
     options: dict[str, Any] = {"cu_seqlens_q": _cu(lq), "cu_seqlens_k": _cu(lk)}
