@@ -524,11 +524,7 @@ def _masked_call(
     if kind and torch.is_autocast_enabled(kind):
         return None
     mask = variant.mask if variant.bias is None else variant.bias
-    gqa = {"enable_gqa": True} if groups > 1 else {}
-    out: Array = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, is_causal=False, scale=scale_value, **gqa
-    )
-    return out
+    return plain_native(query, key, value, scale=scale_value, groups=groups, mask=mask)
 
 
 def solve(

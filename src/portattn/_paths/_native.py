@@ -163,12 +163,21 @@ def native_attention(p: Problem, *, return_lse: bool, xp: Namespace) -> tuple[Ar
 
 
 def plain_native(
-    query: Array, key: Array, value: Array, /, *, scale: float | None, groups: int
+    query: Array,
+    key: Array,
+    value: Array,
+    /,
+    *,
+    scale: float | None,
+    groups: int,
+    mask: Array | None = None,
 ) -> Array:
-    """torch's SDPA on (B, H, L, d) q, k and v as they are: a plain call's ``native_attention``.
+    """torch's SDPA on (B, H, L, d) q, k and v as they are: a memoised plan's ``native_attention``.
 
     For a call ``impl="auto"`` found plain (:func:`~portattn._paths._auto.plain_decision`),
-    with ``scale`` and ``groups`` from its plan. ``attn_mask=None`` and
+    with ``scale`` and ``groups`` from its plan; or, with ``mask`` (a
+    boolean mask or an additive bias), a repeat fused varlen call whose
+    rows all see a key (``kernel_mask_plan``). ``attn_mask=None`` and
     ``is_causal=False`` are SDPA's defaults, left out: each keyword costs
     the kernel's argument parser. So is ``scale=None``: the plan's scale is
     ``1 / sqrt(d)``, which SDPA computes itself the same way (in double
@@ -177,6 +186,9 @@ def plain_native(
     # Read on each call (a dict lookup, cheaper than an import statement), so
     # that a patched SDPA is the one called; importing torch loads the module.
     sdpa = sys.modules["torch.nn.functional"].scaled_dot_product_attention
+    if mask is not None:
+        gqa = {"enable_gqa": True} if groups > 1 else {}
+        return sdpa(query, key, value, attn_mask=mask, scale=scale, **gqa)
     if scale is None:
         return sdpa(query, key, value, enable_gqa=True) if groups > 1 else sdpa(query, key, value)
     if groups > 1:
