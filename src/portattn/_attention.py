@@ -12,7 +12,6 @@ layers and the varlen entries call too. The paths
 
 from __future__ import annotations
 
-import sys
 from typing import Literal, get_args, overload
 
 import numpy as np
@@ -26,7 +25,7 @@ from ._core._variant import Variant, build_variant, no_array_or_mod
 from ._grad._autodiff import blockwise_attention
 from ._lib._checks import check_array, check_flag, check_int_pair
 from ._lib._compat import array_namespace, namespace_library
-from ._lib._precision import autocast_kind, narrow, torch_autocast_off
+from ._lib._precision import autocast_kind, autocast_on, narrow, torch_autocast_off
 from ._lib._typing import Array, Namespace
 from ._lib._vocabulary import sdpa_names
 from ._paths._auto import auto_impl, plain_decision
@@ -498,7 +497,7 @@ def _plain_call(
         return None
     if impl != "auto" or path != "native":
         return None
-    if autocast and sys.modules["torch"].is_autocast_enabled(autocast):
+    if autocast_on(autocast):
         return None  # the whole way, which turns autocast off
     return plain_native(query, key, value, scale=scale, groups=groups)
 
@@ -519,9 +518,7 @@ def _masked_call(
     if planned is None:
         return None
     scale_value, groups, device = planned
-    torch = sys.modules["torch"]
-    kind = autocast_kind(device)
-    if kind and torch.is_autocast_enabled(kind):
+    if autocast_on(autocast_kind(device)):
         return None
     mask = variant.mask if variant.bias is None else variant.bias
     return plain_native(query, key, value, scale=scale_value, groups=groups, mask=mask)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from contextlib import AbstractContextManager
 from typing import Any
 
 from ._compat import is_jax_namespace, is_torch_namespace
 from ._typing import Array, Device, DType, Namespace
 
-__all__ = ["autocast_kind", "compute_dtype", "narrow", "torch_autocast_off"]
+__all__ = ["autocast_kind", "autocast_on", "compute_dtype", "narrow", "torch_autocast_off"]
 
 
 def compute_dtype(dtype: DType, *, xp: Namespace) -> DType:
@@ -72,3 +73,19 @@ def autocast_kind(device: Device) -> str:
 
 # Device -> its type where torch has autocast there, "" where not (meta tensors).
 _AUTOCAST_KIND: dict[Device, str] = {}
+
+
+def autocast_on(kind: str) -> bool:
+    """Whether torch's autocast is on for the device type ``kind`` (:func:`autocast_kind`).
+
+    ``""`` (no autocast there) is never on. torch is asked first whether any
+    autocast is on, at half the price of naming the device type (parsing the
+    string): a decode step asks on every call, and autocast is mostly off.
+    """
+    if not kind:
+        return False
+    torch = sys.modules["torch"]
+    any_on = getattr(torch._C, "_is_any_autocast_enabled", None)  # private, so asked for
+    if any_on is not None and not any_on():
+        return False
+    return bool(torch.is_autocast_enabled(kind))
