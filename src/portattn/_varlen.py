@@ -811,32 +811,37 @@ def _block_diagonal(
         los = [first for first, _ in spans_k]
         his = [first + n for first, n in spans_k]
         return _ranges(los, his, tk)
-    los, his = [], []  # per query row: the slots [lo, hi) it sees
-    spans_q = itertools.pairwise(starts_q)
-    for i, ((a, b), (first, n)) in enumerate(zip(spans_q, spans_k, strict=True)):
+    resolved = []  # per sequence: (offset, left, right)
+    for i, ((a, b), (_, lk)) in enumerate(zip(itertools.pairwise(starts_q), spans_k, strict=True)):
         try:
-            offset, left, right = _resolved(b - a, n, variant.causal, variant.window)
+            resolved.append(_resolved(b - a, lk, variant.causal, variant.window))
         except ValueError as e:
-            msg = f"sequence {i} (Lq={b - a}, Lk={n}): {e}"
+            msg = f"sequence {i} (Lq={b - a}, Lk={lk}): {e}"
             raise ValueError(msg) from e
-        # Sequence i's keys are the slots [first, first + n); its row r is
-        # aligned with the slot first + r + offset, which cuts its range.
-        for aligned in range(first + offset, first + offset + b - a):
-            lo, hi = first, first + n
-            if causal:
-                hi = min(hi, aligned + 1)
-            if windowed:
-                lo, hi = max(lo, aligned - left), min(hi, aligned + right + 1)
-            los.append(lo)
-            his.append(hi)
-    return _ranges(los, his, tk)
+    # Sequence i's keys are the slots [first, first + n); its row r is
+    # aligned with the slot first + r + offset, which cuts its range. Per
+    # row at once: each sequence's facts repeated over its rows.
+    rows = np.asarray([b - a for a, b in itertools.pairwise(starts_q)], dtype=np.int64)
+    facts = [(f, lk, *r) for (f, lk), r in zip(spans_k, resolved, strict=True)]
+    per_seq = np.asarray(facts, dtype=np.int64).reshape(-1, 5)
+    first, n, offset, left, right = np.repeat(per_seq, rows, axis=0).T
+    r = np.arange(starts_q[-1] - starts_q[0]) - np.repeat(rows.cumsum() - rows, rows)
+    aligned = first + offset + r
+    lo, hi = first, first + n
+    if causal:
+        hi = np.minimum(hi, aligned + 1)
+    if windowed:
+        lo, hi = np.maximum(lo, aligned - left), np.minimum(hi, aligned + right + 1)
+    return _ranges(lo, hi, tk)
 
 
 # The causal values under which a sequence's one query sees every key it holds.
 _EVERY_KEY = (False, "bottom_right")
 
 
-def _ranges(los: list[int], his: list[int], tk: int) -> tuple[np.ndarray, bool]:
+def _ranges(
+    los: list[int] | np.ndarray, his: list[int] | np.ndarray, tk: int
+) -> tuple[np.ndarray, bool]:
     """The (rows, tk) mask of rows that see the slots ``[lo, hi)``, and whether none is empty."""
     lo_rows, hi_rows = np.asarray(los, dtype=np.int64), np.asarray(his, dtype=np.int64)
     slot = np.arange(tk)
