@@ -162,6 +162,57 @@ def test_not_a_grouped_layout_is_still_refused(rng):
         pa.attention(q, k[:, :2], rng.standard_normal((B, 3, LK, D)))
 
 
+# One query row per head (a decode step): NumPy's scores are per-head products then.
+DECODE_OPTIONS: dict[str, Any] = {
+    "plain": lambda rng: {},
+    "causal": lambda rng: {"causal": "bottom_right"},
+    "bias per head": lambda rng: {"bias": rng.standard_normal((B, H, 1, LK))},
+    "key lengths": lambda rng: {"key_lengths": np.array([[LK], [3]])},
+    "softcap": lambda rng: {"softcap": 1.5},
+    "score_mod": lambda rng: {"score_mod": _score_mod},
+    "sinks per head": lambda rng: {"sinks": rng.standard_normal(H)},
+    "return_lse": lambda rng: {"return_lse": True},
+}
+
+
+@pytest.mark.parametrize("case", list(DECODE_OPTIONS))
+def test_one_query_row_matches_repeated_keys_on_numpy(rng, case):
+    q = rng.standard_normal((B, H, 1, D))
+    _, k, v = _inputs(rng)
+    options = DECODE_OPTIONS[case](rng)
+    want = pa.attention(q, _repeated(k), _repeated(v), impl="materialize", **options)
+    for impl in ("materialize", "blockwise", "auto"):
+        for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-5)):
+            args = (q.astype(dtype), k.astype(dtype), v.astype(dtype))
+            got = pa.attention(*args, impl=impl, **options)
+            pairs = zip(got, want, strict=True) if case == "return_lse" else [(got, want)]
+            for g, w in pairs:
+                np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"{impl} {dtype}")
+
+
+def test_one_query_row_scores_are_each_heads_own_product(rng):
+    """``grouped_scores``, one row per head: plain multi-head attention's products, bits and all.
+
+    Folded (the group's rows as one matrix) they are one matrix product per
+    key/value head, which BLAS may sum in another order; per head they are
+    what the copied-K/V formula computes, in the same layout either way.
+    """
+    from portattn._core._groups import fold_rows, grouped_scores
+
+    q = rng.standard_normal((B, H, 1, D), dtype=np.float32)
+    k = rng.standard_normal((B, HKV, 64, D), dtype=np.float32)
+    k_t = np.swapaxes(k, -1, -2)
+    want = q @ np.swapaxes(_repeated(k), -1, -2)  # (B, H, 1, 64)
+    got = grouped_scores(q, k_t, G, xp=np)
+    assert got.shape == want.shape and np.array_equal(got, want)
+    folded = grouped_scores(q, k_t, G, xp=np, folded=True)
+    assert np.array_equal(folded, fold_rows(want, G, xp=np))  # (B, Hkv, G, 64)
+    # Several rows per head take the folded product: the same values.
+    q3 = rng.standard_normal((B, H, 3, D), dtype=np.float32)
+    want3 = q3 @ np.swapaxes(_repeated(k), -1, -2)
+    np.testing.assert_allclose(grouped_scores(q3, k_t, G, xp=np), want3, rtol=1e-5, atol=1e-5)
+
+
 def test_dask_chunks_split_groups(rng):
     da = pytest.importorskip("dask.array")  # dask is a test dependency; CI has it
     q, k, v = _inputs(rng)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .._lib._compat import matrix_transpose
 from .._lib._typing import Array, Device, DType, Namespace
 from ._flex import FULL, Mods
-from ._groups import grouped_matmul, repeat_kv
+from ._groups import grouped_matmul, grouped_scores, repeat_kv
 from ._masks import Structure, length_mask
 from ._variant import Variant
 
@@ -252,7 +252,7 @@ class Problem:
         k1: int,
         *,
         xp: Namespace,
-        product: Callable[..., Array] = grouped_matmul,
+        product: Callable[..., Array] = grouped_scores,
     ) -> Array:
         """Scores of the tile ``[q0, q1) x [k0, k1)``: scaled, capped, biased, then ``score_mod``.
 

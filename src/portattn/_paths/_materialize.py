@@ -6,7 +6,7 @@ sequences, where blocking machinery costs more than the memory it saves.
 
 from __future__ import annotations
 
-from .._core._groups import fold_rows, grouped_matmul, unfold_rows
+from .._core._groups import grouped_matmul, grouped_scores, unfold_rows
 from .._core._problem import Problem, empty_result, empty_scores, expand
 from .._core._softmax import add_sink, exp_floor, lse_from, masked_exp, masked_softmax, nonzero
 from .._lib._compat import matrix_transpose, shifted_exp
@@ -60,9 +60,9 @@ def plain_materialize(
     row's softmax does not depend on which head it belongs to, and a decode
     step pays for each view (and each helper call) it makes.
     """
-    rows = q if groups == 1 else fold_rows(q, groups, xp=xp)  # (..., Hkv, G*Lq, d)
-    # No -inf anywhere, so no row is empty: masked_exp's guards are not needed.
-    scores = rows @ matrix_transpose(k, xp=xp)
+    # (..., Hkv, G*Lq, Lk). No -inf anywhere, so no row is empty: masked_exp's
+    # guards are not needed.
+    scores = grouped_scores(q, matrix_transpose(k, xp=xp), groups, xp=xp, folded=True)
     e, row_max, total = shifted_exp(scores, exp_floor(scores.dtype, xp=xp), xp=xp)
     out = (e @ v) / total
     return (out if groups == 1 else unfold_rows(out, groups, xp=xp)), row_max, total
