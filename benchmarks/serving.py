@@ -5,10 +5,11 @@ Run ``python benchmarks/serving.py [--rounds N]`` from the root, or
 writes ``benchmarks/results/serving.json`` (the Serving page reads it). torch
 on 2 threads, float32, CPU.
 
-Cases (each ratio paired: per round every subject runs once in turn, and
-the ratio is the median over rounds of subject time / peer time in that
-round, so that a shared machine's load hits both alike; ``spread`` is the
-max/min of the per-round ratios, the noise):
+Cases (each ratio paired: per round every subject runs once in turn, each
+round starting with the next subject, and the ratio is the median over
+rounds of subject time / peer time in that round, so that a shared
+machine's load hits both alike; ``spread`` is the max/min of the per-round
+ratios, the noise):
 
 - ``varlen``: 16 sequences of mixed lengths, T = 8192 in all, H = 8, d = 64,
   causal. ``pa.attention_varlen`` against SDPA on the packed row with the
@@ -57,10 +58,14 @@ LENGTHS = [1024, 64, 700, 300, 1500, 96, 512, 200, 900, 40, 650, 128, 800, 260, 
 
 def _paired(subjects: dict[str, Callable[[], object]], peer: str, rounds: int) -> dict[str, Any]:
     times: dict[str, list[float]] = {n: [] for n in subjects}
-    for _ in range(rounds):
-        for name, fn in subjects.items():
+    names = list(subjects)
+    for r in range(rounds):
+        # Each round starts with the next subject, so that none always runs
+        # first or right after another (the garbage, caches and clock state
+        # a run leaves are the next one's).
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             t = time.perf_counter()
-            fn()
+            subjects[name]()
             times[name].append(time.perf_counter() - t)
     rows = {}
     for name in subjects:
