@@ -23,9 +23,10 @@ ratios, the noise):
   (16, H, 2048, d) K/V (``enable_gqa``);
 - ``continuous``: tokens/s of ``model.generate_batch`` on the tiny Llama
   (16 prompts of 1 to 30 tokens, 32 new tokens each, greedy), portattn
-  (``serve``: batch-invariant; ``portattn_fused``: ``serve(...,
-  batch_invariant=False)``) against ``"sdpa"`` (target >= 1.0x). The gap
-  between the two portattn rows is what batch invariance costs. Its
+  (``serve(model)``, the default; ``portattn_invariant``: ``serve(...,
+  batch_invariant=True)``) against ``"sdpa"`` (target >= 1.0x for the
+  default). The gap between the two portattn rows is what batch invariance
+  costs. Its
   attention calls are tiny, so it measures per-call overhead: each layer's
   Python bookkeeping against one SDPA call;
 - ``continuous_long``: the same, on 16 prompts of 64 to 512 tokens (4794 in
@@ -191,8 +192,8 @@ def _generate_batch(lens: list[int], g: Any, cache: dict[str, int], rounds: int)
     models = {
         "sdpa": tiny_model("llama", attn_implementation="sdpa"),
         "portattn": serve(tiny_model("llama", attn_implementation=register())),
-        "portattn_fused": serve(
-            tiny_model("llama", attn_implementation=register()), batch_invariant=False
+        "portattn_invariant": serve(
+            tiny_model("llama", attn_implementation=register()), batch_invariant=True
         ),
     }
 
@@ -207,10 +208,11 @@ def _generate_batch(lens: list[int], g: Any, cache: dict[str, int], rounds: int)
     rows = _paired({n: run(m) for n, m in models.items()}, "sdpa", rounds)
     for row in rows.values():
         row["tokens_per_s"] = len(prompts) * new / row["median_s"]
-    for name in ("portattn", "portattn_fused"):
+    for name in ("portattn", "portattn_invariant"):
         rows[name]["speed_vs_sdpa"] = 1 / rows[name]["ratio_to_sdpa"]
-        rows[name]["target"] = ">= 1.0x"
-        rows[name]["met"] = rows[name]["speed_vs_sdpa"] >= 1.0
+    # The default is held to the target; batch invariance is an option, and its row its price.
+    rows["portattn"]["target"] = ">= 1.0x"
+    rows["portattn"]["met"] = rows["portattn"]["speed_vs_sdpa"] >= 1.0
     return rows
 
 

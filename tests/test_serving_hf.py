@@ -101,6 +101,11 @@ def test_serve_refuses_other_implementations_and_is_idempotent():
         hf.serve(hf.tiny_model("llama", attn_implementation="sdpa"))
     model = hf.serve(hf.serve(hf.tiny_model("llama", attn_implementation=PORTATTN)))
     assert model.config._attn_implementation == "portattn_flash"
+    # One call per step by default; batch invariance is asked for, and asked again.
+    assert {m.portattn_batch_invariant for m in model.modules()} == {False}
+    hf.serve(model, batch_invariant=True)
+    assert {m.portattn_batch_invariant for m in model.modules()} == {True}
+    assert model.config._attn_implementation == "portattn_flash"
     with pytest.raises(ValueError, match="expected a name without 'flash'"):
         hf.register("my_flash")
 

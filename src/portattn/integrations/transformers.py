@@ -286,7 +286,8 @@ def _translate(
             raise ValueError(msg)
         options |= _packed_causal_window(sliding, is_causal=is_causal)
         options |= _sinks(kwargs.get("s_aux"), hq=hq, hkv=None, xp=xp)
-        # serve(model, batch_invariant=False) marks the layers: one fused call per step
+        # serve(model) marks the layers: one fused call per step unless it was given
+        # batch_invariant=True; unmarked layers (padding-free training) stay bitwise
         options["batch_invariant"] = getattr(module, "portattn_batch_invariant", True)
         # As they come, (1, H, T, d): the packed layout's permutes, both ways, cost more
         # than a decode step's checks.
@@ -634,7 +635,7 @@ def register(name: str = "portattn", *, impl: Impl = "auto") -> str:
 _SERVING = "_flash"
 
 
-def serve(model: _Model, /, *, batch_invariant: bool = True) -> _Model:
+def serve(model: _Model, /, *, batch_invariant: bool = False) -> _Model:
     """Let ``model.generate_batch`` (transformers' continuous batching) run on portattn.
 
     Continuous batching admits only ``"sdpa"``, ``"paged|eager"`` and names
@@ -654,11 +655,14 @@ def serve(model: _Model, /, *, batch_invariant: bool = True) -> _Model:
         Loaded with ``attn_implementation=register(...)``.
     batch_invariant : bool, optional
         Passed to :func:`portattn.attention_varlen` on every packed call.
-        ``True`` (the default): a sequence's tokens do not depend on the
-        other requests in the batch, bit for bit. ``False``: each step's
-        sequences run as one masked call, faster, and equal to the default
-        within rounding only. Stored on the model's modules as
-        ``portattn_batch_invariant``.
+        ``False`` (the default): each step's sequences run as one masked
+        call where that is worth it, the fast way. ``True``: a sequence's
+        tokens do not depend on the other requests in the batch, bit for
+        bit, at a cost the Serving page's table gives (every sequence runs
+        as its own call). Stored on the model's modules as
+        ``portattn_batch_invariant``; modules that ``serve`` did not mark
+        (padding-free training) keep the bitwise default of
+        :func:`portattn.attention_varlen`.
 
     Returns
     -------
