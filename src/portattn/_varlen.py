@@ -31,11 +31,9 @@ a batch of long sequences, whose blocks leave most pairs out, runs per sequence
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import itertools
-import math
 import operator
 from collections.abc import Sequence
 from typing import Literal, cast, overload
@@ -49,9 +47,9 @@ from ._core._prepare import forget_kernel_masks
 from ._core._variant import Variant, build_variant
 from ._lib._checks import check_array, check_flag, check_int, dtype_name, shown
 from ._lib._compat import (
+    all_finite,
     array_namespace,
     device_of,
-    host_float,
     is_concrete,
     namespace_library,
 )
@@ -1021,7 +1019,7 @@ def run_fused(
         qh, kh, vh, variant=fused, return_lse=want_lse, xp=xp, **(options | kernel)
     )  # fmt: skip
     out: Array = got[0] if want_lse else got
-    if is_concrete(out) and not _finite(out, xp=xp):
+    if is_concrete(out) and not all_finite(out, xp=xp):
         # A key hidden from some row may be inf or NaN, which a kernel reads
         # (NaN rows) and a materialised product weighs by 0 (0 * inf): each
         # sequence alone never sees another's keys. Only where the output
@@ -1032,27 +1030,6 @@ def run_fused(
             qh, starts_q, kvs, variant=variant, options=options, return_lse=want_lse, xp=xp
         )
     return (out, got[1][0, ...]) if want_lse else out
-
-
-def _finite(x: Array, *, xp: Namespace) -> bool:
-    """Whether every element of the concrete ``x`` is finite, from one reduction: its sum.
-
-    A sum is finite only where every term is: NaN spreads, and an inf gives
-    inf, or NaN beside an inf of the other sign. So a finite sum proves the
-    check; a non-finite one is either a non-finite term or an overflow, a
-    false alarm whose only cost is the per-sequence run. Summed in float32
-    at least (float64 stays float64), so that half types rarely overflow.
-    One reduction and a host read, against ``isfinite``'s array, ``all``
-    and the read.
-    """
-    wide = xp.float64 if x.dtype == xp.float64 else xp.float32
-    quiet = namespace_library(xp) in _ON_NUMPY  # inf - inf and overflows asked, not warned of
-    with np.errstate(over="ignore", invalid="ignore") if quiet else contextlib.nullcontext():
-        return math.isfinite(host_float(xp.sum(x, dtype=wide)))
-
-
-# The libraries whose arithmetic is NumPy's, and warns of invalid values and overflows.
-_ON_NUMPY = ("numpy", "array_api_strict")
 
 
 def _kernel_first(

@@ -7,6 +7,8 @@ patching :func:`array_namespace`.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
 from types import ModuleType
 from typing import Any
@@ -30,6 +32,7 @@ from array_api_compat import (
 from ._shown import shown
 
 __all__ = [
+    "all_finite",
     "array_namespace",
     "at_least",
     "clipped_exp",
@@ -201,6 +204,27 @@ def host_float(x: Any) -> float:
     if torch is not None and isinstance(x, torch.Tensor):
         x = x.detach()
     return float(x)
+
+
+def all_finite(x: Any, *, xp: ModuleType) -> bool:
+    """Whether every element of the concrete ``x`` is finite, from one reduction: its sum.
+
+    A sum is finite only where every term is: NaN spreads, and an inf gives
+    inf, or NaN beside an inf of the other sign. So a finite sum proves it;
+    a non-finite one is either a non-finite term or an overflow, a false
+    alarm that callers answer by taking a slower path. Summed in float32 at
+    least (float64 stays float64), so that half types rarely overflow. One
+    reduction and a host read, where ``all(isfinite(x))`` also writes a
+    boolean array as large as ``x`` (a prefill's keys: 38 ms against 6).
+    """
+    wide = xp.float64 if x.dtype == xp.float64 else xp.float32
+    quiet = namespace_library(xp) in _WARNS  # inf - inf and overflows asked, not warned of
+    with _np.errstate(over="ignore", invalid="ignore") if quiet else contextlib.nullcontext():
+        return math.isfinite(host_float(xp.sum(x, dtype=wide)))
+
+
+# The libraries whose arithmetic is NumPy's, and warns of invalid values and overflows.
+_WARNS = ("numpy", "array_api_strict")
 
 
 def namespace_library(xp: ModuleType) -> str:

@@ -32,7 +32,7 @@ import math
 import sys
 
 from .._core._problem import Problem, empty_result
-from .._lib._compat import is_concrete, namespace_library
+from .._lib._compat import all_finite, is_concrete, namespace_library
 from .._lib._typing import Array, Namespace
 
 __all__ = ["auto_delegates", "native_attention", "plain_native", "refusal"]
@@ -133,7 +133,7 @@ def _hidden_keys_finite(p: Problem, *, xp: Namespace) -> bool:
     hides = not p.structure.trivial or p.variant.mask is not None or p.variant.bias is not None
     if not hides or not is_concrete(p.k):
         return True
-    return bool(xp.all(xp.isfinite(p.k)))
+    return all_finite(p.k, xp=xp)
 
 
 def native_attention(p: Problem, *, return_lse: bool, xp: Namespace) -> tuple[Array, Array | None]:
