@@ -215,7 +215,7 @@ def all_finite(x: Any, *, xp: ModuleType) -> bool:
     alarm that callers answer by taking a slower path. Summed in float32 at
     least (float64 stays float64), so that half types rarely overflow. One
     reduction and a host read, where ``all(isfinite(x))`` also writes a
-    boolean array as large as ``x`` (a prefill's keys: 38 ms against 6).
+    boolean array as large as ``x`` (a prefill's keys, 32 MB: 36 ms against 0.8).
     """
     wide = xp.float64 if x.dtype == xp.float64 else xp.float32
     quiet = namespace_library(xp) in _WARNS  # inf - inf and overflows asked, not warned of
