@@ -190,6 +190,21 @@ def test_one_query_row_matches_repeated_keys_on_numpy(rng, case):
                 np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"{impl} {dtype}")
 
 
+@pytest.mark.parametrize(
+    ("q_batch", "kv_batch"), [((1,), (3,)), ((2, 1), (1, 3))], ids=["q-broadcasts", "both"]
+)
+def test_one_query_row_with_broadcast_batch_matches_repeated_keys(rng, q_batch, kv_batch):
+    """The per-head scores take their batch from the product: q's batch may broadcast."""
+    q = rng.standard_normal((*q_batch, H, 1, D))
+    k = rng.standard_normal((*kv_batch, HKV, LK, D))
+    v = rng.standard_normal((*kv_batch, HKV, LK, DV))
+    rep_k, rep_v = (np.repeat(x, G, axis=-3) for x in (k, v))
+    want = pa.attention(q, rep_k, rep_v, impl="materialize")
+    for impl in ("materialize", "blockwise", "auto"):
+        got = pa.attention(q, k, v, impl=impl)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=impl)
+
+
 def test_one_query_row_scores_are_each_heads_own_product(rng):
     """``grouped_scores``, one row per head: plain multi-head attention's products, bits and all.
 

@@ -8,7 +8,9 @@ keep theirs, (..., Hkv, Lk, d). Only the products that pair a query-side
 array with a key-side one know about groups, and they fold the group into
 the rows: (..., H, m, n) is viewed as (..., Hkv, G * m, n), a free reshape
 of a contiguous array, so each key/value head is read once, by one matmul,
-for its whole group. The products back to the keys' side (the backward's
+for its whole group. One exception, :func:`grouped_scores`: a decode step's
+scores on NumPy (one row per head) are each head's own product, the keys
+broadcast over the group, never copied. The products back to the keys' side (the backward's
 ``dK``, ``dV``) contract over those rows, which sums each group in the
 matmul itself, in one fixed order.
 """
@@ -129,8 +131,10 @@ def grouped_scores(
     per_head = (
         q.reshape(*shape[:-3], shape[-3] // groups, groups, 1, shape[-1]) @ k_t[..., None, :, :]
     )
-    lead = shape[:-3] + ((shape[-3] // groups, groups) if folded else (shape[-3], 1))
-    return per_head.reshape(*lead, k_t.shape[-1])
+    # The batch from the product: q's may broadcast against the keys'.
+    batch = per_head.shape[:-4]
+    lead = batch + ((shape[-3] // groups, groups) if folded else (shape[-3], 1))
+    return per_head.reshape(*lead, per_head.shape[-1])
 
 
 def grouped_matmul_t(a: Array, b: Array, groups: int, *, xp: Namespace) -> Array:

@@ -44,7 +44,8 @@ class Problem:
     scale: float
     # Query heads per key/value head (grouped-query attention, _core/_groups):
     # every product of a query-side array with k or v goes through
-    # grouped_matmul. The batch shape, and every option, has the query's H.
+    # grouped_matmul (the scores through grouped_scores). The batch shape,
+    # and every option, has the query's H.
     groups: int = 1
     q_scaled: bool = True  # False: q is still to be multiplied by scale (see the docstring)
 
