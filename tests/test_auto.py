@@ -21,7 +21,7 @@ import portattn._attention as entry
 from portattn._paths import _auto
 from portattn.testing import assert_close, to_numpy
 
-from conftest import Backend, assert_close_on, jitted, option_arrays, rtol_for
+from conftest import Backend, assert_close_on, jitted, needs, option_arrays, rtol_for
 
 BIG = 300  # 300 x 300 pairs > 256 x 256: above the materialising size
 CACHE = 256 * 256 + 7  # one query against this many keys: above it too, in pairs
@@ -260,6 +260,27 @@ def test_auto_materialises_a_large_grouped_decode_step_on_torch(rng, spy, monkey
     wants = torch.autograd.grad(want, (q, k, v), d_out)
     for a, w in zip(grads, wants, strict=True):
         torch.testing.assert_close(a, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["cpu", "mps"])
+def test_autocast_on_sees_autocast_on_every_device_type(kind):
+    """The shortcut's autocast question: torch's cheap any-autocast query skips MPS, so it is
+    only trusted for CPU and CUDA; every other device type is asked by name."""
+    needs("torch", "torch")
+    import torch
+
+    from portattn._lib._precision import autocast_on
+
+    if not torch.amp.is_autocast_available(kind):
+        pytest.skip(f"this torch has no autocast for {kind}")
+    assert not autocast_on(kind)
+    before = torch.is_autocast_enabled(kind)
+    torch.set_autocast_enabled(kind, True)
+    try:
+        assert autocast_on(kind)
+    finally:
+        torch.set_autocast_enabled(kind, before)
+    assert not autocast_on(kind) and not autocast_on("")
 
 
 @pytest.mark.parametrize("d", [16, 48])

@@ -78,14 +78,21 @@ _AUTOCAST_KIND: dict[Device, str] = {}
 def autocast_on(kind: str) -> bool:
     """Whether torch's autocast is on for the device type ``kind`` (:func:`autocast_kind`).
 
-    ``""`` (no autocast there) is never on. torch is asked first whether any
-    autocast is on, at half the price of naming the device type (parsing the
-    string): a decode step asks on every call, and autocast is mostly off.
+    ``""`` (no autocast there) is never on. For CPU and CUDA tensors torch is
+    asked first whether any autocast is on, at half the price of naming the
+    device type (parsing the string): a decode step asks on every call, and
+    autocast is mostly off. That private query does not cover every device
+    type (not MPS), so any other is asked by name.
     """
     if not kind:
         return False
     torch = sys.modules["torch"]
-    any_on = getattr(torch._C, "_is_any_autocast_enabled", None)  # private, so asked for
-    if any_on is not None and not any_on():
-        return False
+    if kind in _ANY_COVERS:
+        any_on = getattr(torch._C, "_is_any_autocast_enabled", None)  # private, so asked for
+        if any_on is not None and not any_on():
+            return False
     return bool(torch.is_autocast_enabled(kind))
+
+
+# The device types torch._C._is_any_autocast_enabled reads (torch 2.5 to 2.15).
+_ANY_COVERS = ("cpu", "cuda")
