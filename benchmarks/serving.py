@@ -6,7 +6,7 @@ writes ``benchmarks/results/serving.json`` (the Serving page reads it). torch
 on 2 threads, float32, CPU.
 
 Cases (each ratio paired: per round every subject runs once in turn, each
-round starting with the next subject, and the ratio is the median over
+round starting with the next subject (the cyclic order kept), and the ratio is the median over
 rounds of subject time / peer time in that round, so that a shared
 machine's load hits both alike; ``spread`` is the max/min of the per-round
 ratios, the noise):
@@ -62,8 +62,8 @@ def _paired(subjects: dict[str, Callable[[], object]], peer: str, rounds: int) -
     names = list(subjects)
     for r in range(rounds):
         # Each round starts with the next subject, so that none always runs
-        # first or right after another (the garbage, caches and clock state
-        # a run leaves are the next one's).
+        # first (a run leaves garbage, caches and clock state to the next).
+        # The cyclic order stays: each subject follows the same one, or none.
         for name in names[r % len(names) :] + names[: r % len(names)]:
             t = time.perf_counter()
             subjects[name]()

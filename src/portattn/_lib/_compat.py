@@ -207,7 +207,7 @@ def host_float(x: Any) -> float:
 
 
 def all_finite(x: Any, *, xp: ModuleType) -> bool:
-    """Whether every element of the concrete ``x`` is finite, from one reduction: its sum.
+    """Whether every element of the concrete, real floating ``x`` is finite, from its sum.
 
     A sum is finite only where every term is: NaN spreads, and an inf gives
     inf, or NaN beside an inf of the other sign. So a finite sum proves it;

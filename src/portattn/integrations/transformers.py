@@ -287,7 +287,7 @@ def _translate(
         options |= _packed_causal_window(sliding, is_causal=is_causal)
         options |= _sinks(kwargs.get("s_aux"), hq=hq, hkv=None, xp=xp)
         # serve(model) marks the layers: one fused call per step unless it was given
-        # batch_invariant=True; unmarked layers (padding-free training) stay bitwise
+        # batch_invariant=True; a model serve did not mark stays bitwise
         options["batch_invariant"] = getattr(module, "portattn_batch_invariant", True)
         # As they come, (1, H, T, d): the packed layout's permutes, both ways, cost more
         # than a decode step's checks.
@@ -643,11 +643,14 @@ def serve(model: _Model, /, *, batch_invariant: bool = False) -> _Model:
     (``cu_seq_lens_q`` / ``cu_seq_lens_k``) instead of a dense mask. This
     switches a model loaded with a name from :func:`register` to that name's
     alias ``name + "_flash"``: the same attention function and mask function,
-    so every other use of the model (``generate``, training) is unchanged.
-    It sets ``model.config._attn_implementation`` (and the sub-configs'),
+    so every other use of the model (``generate``, training) is unchanged,
+    except that packed sequences (padding-free training too) follow
+    ``batch_invariant``. It sets ``model.config._attn_implementation`` (and the sub-configs'),
     because ``set_attn_implementation`` would try to import a flash-attn
     kernel for a name containing "flash", and would swap gpt-oss onto its
-    own kernel. Calling it again changes only ``batch_invariant``.
+    own kernel. Calling it again changes only ``batch_invariant``, which it
+    sets anew: ``serve(model)`` after ``serve(model, batch_invariant=True)``
+    turns the guarantee off.
 
     Parameters
     ----------
@@ -660,9 +663,9 @@ def serve(model: _Model, /, *, batch_invariant: bool = False) -> _Model:
         tokens do not depend on the other requests in the batch, bit for
         bit, at a cost the Serving page's table gives (every sequence runs
         as its own call). Stored on the model's modules as
-        ``portattn_batch_invariant``; modules that ``serve`` did not mark
-        (padding-free training) keep the bitwise default of
-        :func:`portattn.attention_varlen`.
+        ``portattn_batch_invariant``; a model that ``serve`` did not mark
+        (padding-free training on a model loaded with ``register()``) keeps
+        the bitwise default of :func:`portattn.attention_varlen`.
 
     Returns
     -------
