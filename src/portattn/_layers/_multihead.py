@@ -173,22 +173,10 @@ class MultiHeadAttention:
         >>> pa.MultiHeadAttention.random(6, 3).d_head
         2
         """
-        ns, d = resolve_namespace(xp), check_int("d_model", d_model, minimum=1)
-        h, hkv = check_heads(num_heads, num_kv_heads)
-        if d_head is None and d % h:
-            msg = (
-                f"expected num_heads to divide d_model when d_head is not given, got "
-                f"d_model={d}, num_heads={h}; pass d_head= explicitly"
-            )
-            raise ValueError(msg)
-        dh = check_int("d_head", d // h if d_head is None else d_head, minimum=1)
-        inner, kv = h * dh, hkv * dh
-        shapes: list[tuple[int, ...]] = [(d, inner), (d, kv), (d, kv), (inner, d)]
-        if check_flag("bias", bias):
-            shapes += [(inner,), (kv,), (kv,), (d,)]
-        fan_in = [inner if name[1] == "o" else d for name in _WEIGHTS[: len(shapes)]]
-        scales = [n**-0.5 for n in fan_in]
-        w = draw_weights(shapes, scales, seed=seed, xp=ns, dtype=dtype, device=device)
+        w, h, hkv = _random_weights(
+            d_model, num_heads, num_kv_heads, d_head, bias=bias, seed=seed, xp=xp, dtype=dtype,
+            device=device,
+        )  # fmt: skip
         return cls._of(w, num_heads=h, num_kv_heads=hkv, rope=rope)
 
     @classmethod
@@ -329,15 +317,12 @@ class MultiHeadAttention:
         # The cache's lock is held from staging the new tokens to committing them.
         with nullcontext() if cache is None else cache.lock:
             given = {"mask": mask, "causal": causal, "window": window, "key_lengths": key_lengths}
-            (q, k, v), variant, staged, xp = self._operands(x, context, positions, given, cache)
+            (q, k, v), variant, staged, xp = _operands(self, x, context, positions, given, cache)
             out = attend(q, k, v, variant=variant, xp=xp)  # (..., H, Lq, dh)
             if staged is not None:
                 staged.commit()  # only once everything else succeeded
         assert not isinstance(out, tuple)
-        nb = out.ndim - 3
-        out = xp.permute_dims(out, (*range(nb), nb + 1, nb, nb + 2))  # (..., Lq, H, dh)
-        out = xp.reshape(out, (*out.shape[:-2], self.num_heads * self.d_head))  # (..., Lq, H*dh)
-        return _project(out, self.wo, self.bo)  # (..., Lq, d_model)
+        return _project(_merge_heads(out, xp=xp), self.wo, self.bo)  # (..., Lq, d_model)
 
     def weights(
         self,
@@ -362,66 +347,114 @@ class MultiHeadAttention:
         (4, 5, 5)
         """
         given = {"mask": mask, "causal": causal, "window": window, "key_lengths": key_lengths}
-        (q, k, _), variant, _, xp = self._operands(x, context, positions, given, None)
+        (q, k, _), variant, _, xp = _operands(self, x, context, positions, given, None)
         out = attend(q, k, None, variant=variant, xp=xp)  # (..., H, Lq, Lk)
         assert not isinstance(out, tuple)
         return out
 
-    def _operands(
-        self,
-        x: Array,
-        context: Array | None,
-        positions: Array | None,
-        given: dict[str, Any],
-        cache: KVCache | None,
-    ) -> tuple[tuple[Array, Array, Array], Variant, Staged | None, Namespace]:
-        """Every head's q, k and v for :func:`attend`, their variant, the staged tokens, the xp.
 
-        ``given`` holds the call's options by name. What does not depend on
-        the projections is checked before they are computed.
-        """
-        check_array("x", x)
-        inputs = given | {"x": x, "context": context, "positions": positions}
-        xp = array_namespace(*(inputs[n] for n in _INPUTS), self.wq, names=_INPUTS)  # once
-        src = self._source(x, context, positions, cache, xp=xp)
-        lk = int(src.shape[-2]) + (0 if cache is None else cache.length)
-        options = heads_layout(given, int_shape(x), lk, heads=self.num_heads, xp=xp)
-        q = split_heads(_project(x, self.wq, self.bq), self.num_heads, xp=xp)  # (..., H, Lq, dh)
-        kv = ((self.wk, self.bk), (self.wv, self.bv))  # k, v (..., Hkv, Lk, dh)
-        k, v = (split_heads(_project(src, w, b), self.num_kv_heads, xp=xp) for w, b in kv)
-        if self.rope is not None:
-            offset = 0 if cache is None else cache.length
-            q, k = rope_heads(
-                q, k, positions, offset=offset, layout=self.rope, base=self.rope_base, xp=xp
-            )
-        staged = None
-        if cache is not None:  # k, v (..., Hkv, Lk, dh), Lk = all tokens so far
-            k, v, causal, staged = cache_step(cache, k, v, causal=options["causal"], xp=xp)
-            options["causal"] = causal
-        # One rank for q, k and v (a context may have fewer batch axes than x,
-        # or more), so that the core reads the heads as groups.
-        nd = max(q.ndim, k.ndim)
-        q, k, v = (xp.reshape(t, (1,) * (nd - t.ndim) + tuple(t.shape)) for t in (q, k, v))
-        return (q, k, v), build_variant(**options), staged, xp
+def _random_weights(
+    d_model: int,
+    num_heads: int,
+    num_kv_heads: int | None,
+    d_head: int | None,
+    *,
+    bias: bool,
+    seed: int,
+    xp: Namespace | None,
+    dtype: DType | None,
+    device: Device | None,
+) -> tuple[list[Array], int, int]:
+    """:meth:`MultiHeadAttention.random`'s arrays (``wq`` to ``bo``), checked ``H`` and ``Hkv``."""
+    ns, d = resolve_namespace(xp), check_int("d_model", d_model, minimum=1)
+    h, hkv = check_heads(num_heads, num_kv_heads)
+    if d_head is None and d % h:
+        msg = (
+            f"expected num_heads to divide d_model when d_head is not given, got "
+            f"d_model={d}, num_heads={h}; pass d_head= explicitly"
+        )
+        raise ValueError(msg)
+    dh = check_int("d_head", d // h if d_head is None else d_head, minimum=1)
+    inner, kv = h * dh, hkv * dh
+    shapes: list[tuple[int, ...]] = [(d, inner), (d, kv), (d, kv), (inner, d)]
+    if check_flag("bias", bias):
+        shapes += [(inner,), (kv,), (kv,), (d,)]
+    fan_in = [inner if name[1] == "o" else d for name in _WEIGHTS[: len(shapes)]]
+    scales = [n**-0.5 for n in fan_in]
+    w = draw_weights(shapes, scales, seed=seed, xp=ns, dtype=dtype, device=device)
+    return w, h, hkv
 
-    def _source(
-        self, x: Array, context: Array | None, positions: Array | None, cache: object, *, xp: Any
-    ) -> Array:
-        """Check ``x``, ``context`` and ``positions`` against the layer; return the keys' source."""
-        check_width("x", x, self.d_model, "Lq, d_model", xp=xp)
-        check_width("context", context, self.d_context, "Lk, d_context", xp=xp)
-        if context is None and self.d_context != self.d_model:
-            msg = (
-                f"expected a context (keys and values have width d_context={self.d_context} "
-                f"!= d_model={self.d_model}), got context=None"
-            )
-            raise ValueError(msg)
-        if context is not None and cache is not None:
-            msg = "expected cache=None with a context: the KV cache serves causal self-attention"
-            raise ValueError(msg)
-        check_rope_call(self.rope, positions, context, int_shape(x))
-        check_same_device([("weights", self.wq), ("x", x), ("context", context)])
-        return x if context is None else context
+
+def _merge_heads(out: Array, *, xp: Namespace) -> Array:
+    """Every head's output (..., H, Lq, dh) side by side, token-major: (..., Lq, H * dh)."""
+    nb = out.ndim - 3
+    out = xp.permute_dims(out, (*range(nb), nb + 1, nb, nb + 2))  # (..., Lq, H, dh)
+    return xp.reshape(out, (*out.shape[:-2], out.shape[-2] * out.shape[-1]))
+
+
+def _operands(
+    layer: MultiHeadAttention,
+    x: Array,
+    context: Array | None,
+    positions: Array | None,
+    given: dict[str, Any],
+    cache: KVCache | None,
+) -> tuple[tuple[Array, Array, Array], Variant, Staged | None, Namespace]:
+    """Every head's q, k and v for :func:`attend`, their variant, the staged tokens, the xp.
+
+    ``layer``'s projections of a call (``__call__`` and ``weights`` share
+    it); ``given`` holds the call's options by name. What does not depend on
+    the projections is checked before they are computed.
+    """
+    check_array("x", x)
+    inputs = given | {"x": x, "context": context, "positions": positions}
+    xp = array_namespace(*(inputs[n] for n in _INPUTS), layer.wq, names=_INPUTS)  # once
+    src = _source(layer, x, context, positions, cache, xp=xp)
+    lk = int(src.shape[-2]) + (0 if cache is None else cache.length)
+    options = heads_layout(given, int_shape(x), lk, heads=layer.num_heads, xp=xp)
+    q = split_heads(_project(x, layer.wq, layer.bq), layer.num_heads, xp=xp)  # (..., H, Lq, dh)
+    kv = ((layer.wk, layer.bk), (layer.wv, layer.bv))  # k, v (..., Hkv, Lk, dh)
+    k, v = (split_heads(_project(src, w, b), layer.num_kv_heads, xp=xp) for w, b in kv)
+    if layer.rope is not None:
+        offset = 0 if cache is None else cache.length
+        q, k = rope_heads(
+            q, k, positions, offset=offset, layout=layer.rope, base=layer.rope_base, xp=xp
+        )
+    staged = None
+    if cache is not None:  # k, v (..., Hkv, Lk, dh), Lk = all tokens so far
+        k, v, causal, staged = cache_step(cache, k, v, causal=options["causal"], xp=xp)
+        options["causal"] = causal
+    # One rank for q, k and v (a context may have fewer batch axes than x,
+    # or more), so that the core reads the heads as groups.
+    nd = max(q.ndim, k.ndim)
+    q, k, v = (xp.reshape(t, (1,) * (nd - t.ndim) + tuple(t.shape)) for t in (q, k, v))
+    return (q, k, v), build_variant(**options), staged, xp
+
+
+def _source(
+    layer: MultiHeadAttention,
+    x: Array,
+    context: Array | None,
+    positions: Array | None,
+    cache: object,
+    *,
+    xp: Any,
+) -> Array:
+    """Check ``x``, ``context`` and ``positions`` against the layer; return the keys' source."""
+    check_width("x", x, layer.d_model, "Lq, d_model", xp=xp)
+    check_width("context", context, layer.d_context, "Lk, d_context", xp=xp)
+    if context is None and layer.d_context != layer.d_model:
+        msg = (
+            f"expected a context (keys and values have width d_context={layer.d_context} "
+            f"!= d_model={layer.d_model}), got context=None"
+        )
+        raise ValueError(msg)
+    if context is not None and cache is not None:
+        msg = "expected cache=None with a context: the KV cache serves causal self-attention"
+        raise ValueError(msg)
+    check_rope_call(layer.rope, positions, context, int_shape(x))
+    check_same_device([("weights", layer.wq), ("x", x), ("context", context)])
+    return x if context is None else context
 
 
 def _sizes(
