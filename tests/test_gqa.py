@@ -77,7 +77,7 @@ def _numpy(x: Any) -> Any:
 
 
 def _repeated(x: np.ndarray) -> np.ndarray:
-    return np.repeat(x, G, axis=1)  # (B, Hkv, L, d) -> (B, H, L, d): head h reads h // G
+    return np.repeat(x, G, axis=-3)  # (..., Hkv, L, d) -> (..., H, L, d): head h reads h // G
 
 
 def _inputs(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -198,8 +198,7 @@ def test_one_query_row_with_broadcast_batch_matches_repeated_keys(rng, q_batch, 
     q = rng.standard_normal((*q_batch, H, 1, D))
     k = rng.standard_normal((*kv_batch, HKV, LK, D))
     v = rng.standard_normal((*kv_batch, HKV, LK, DV))
-    rep_k, rep_v = (np.repeat(x, G, axis=-3) for x in (k, v))
-    want = pa.attention(q, rep_k, rep_v, impl="materialize")
+    want = pa.attention(q, _repeated(k), _repeated(v), impl="materialize")
     for impl in ("materialize", "blockwise", "auto"):
         got = pa.attention(q, k, v, impl=impl)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=impl)
