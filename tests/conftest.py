@@ -177,11 +177,14 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         pytest.skip(reason)
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> list[str]:
     req = requested()
-    return f"portattn backends: {', '.join(backend_names())}" + (
-        f" (from {ENV})" if req else f" ({ENV} unset: unavailable ones skip)"
-    )
+    blas = os.environ.get("OPENBLAS_CORETYPE", "unset, the CPU's own")  # noxfile.py says why
+    return [
+        f"portattn backends: {', '.join(backend_names())}"
+        + (f" (from {ENV})" if req else f" ({ENV} unset: unavailable ones skip)"),
+        f"OpenBLAS kernels (OPENBLAS_CORETYPE): {blas}",
+    ]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
