@@ -55,14 +55,14 @@ def _avx512() -> bool:
 
 # The tests turn every NumPy floating-point warning into an error: they check
 # that portattn's own arithmetic raises no flag. NumPy's bundled OpenBLAS
-# (0.3.31) with its AVX-512 (SkylakeX) kernels now and then sets the
-# "invalid" flag itself in a small float32 product of finite numbers whose
-# result is finite and correct: a blockwise tile's q @ k^T failed CI twice,
-# on two different tests, and one test here in about 1 run of 30. The machines
-# whose environment chose OpenBLAS's Haswell kernels passed 38 CI runs without
-# it, and older OpenBLAS releases had faults of this kind (numpy/numpy#24067).
-# So the tests run on the Haswell (AVX2) kernels, which every AVX-512 CPU also
-# has. A value set beforehand wins; the bench unsets it (native kernels).
+# (0.3.31) now and then sets the "invalid" flag itself in a small float32
+# product of finite numbers whose result is finite and correct: a blockwise
+# tile's q @ k^T failed CI twice that way, on two different tests. On one
+# machine, one such test failed 2 times in 60 runs on OpenBLAS's AVX-512
+# (SkylakeX) kernels and 0 times in 60 on its Haswell ones, and OpenBLAS's
+# kernels have set this flag wrongly before (numpy/numpy#24067). A clue, not
+# proof. So the tests run on the Haswell (AVX2) kernels, which every AVX-512
+# CPU also has. A value set beforehand wins; the bench unsets it.
 if _avx512():
     os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
 nox.options.default_venv_backend = "uv|venv"
