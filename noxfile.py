@@ -42,29 +42,6 @@ nox.needs_version = ">=2025.2.9"
 # 17 s with the bytecode kept, in each xdist worker, each rank a test spawns
 # and each docs build.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-
-
-def _avx512() -> bool:
-    """Whether this is a Linux x86-64 CPU with AVX-512 (where OpenBLAS picks SkylakeX kernels)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
-            return any(line.startswith("flags") and " avx512f" in line for line in info)
-    except OSError:
-        return False
-
-
-# The tests turn every NumPy floating-point warning into an error: they check
-# that portattn's own arithmetic raises no flag. NumPy's bundled OpenBLAS
-# (0.3.31) now and then sets the "invalid" flag itself in a small float32
-# product of finite numbers whose result is finite and correct: a blockwise
-# tile's q @ k^T failed CI twice that way, on two different tests. On one
-# machine, one such test failed 2 times in 60 runs on OpenBLAS's AVX-512
-# (SkylakeX) kernels and 0 times in 60 on its Haswell ones, and OpenBLAS's
-# kernels have set this flag wrongly before (numpy/numpy#24067). A clue, not
-# proof. So the tests run on the Haswell (AVX2) kernels, which every AVX-512
-# CPU also has. A value set beforehand wins; the bench unsets it.
-if _avx512():
-    os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
 nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True

@@ -177,14 +177,11 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         pytest.skip(reason)
 
 
-def pytest_report_header(config: pytest.Config) -> list[str]:
+def pytest_report_header(config: pytest.Config) -> str:
     req = requested()
-    blas = os.environ.get("OPENBLAS_CORETYPE", "unset, the CPU's own")  # noxfile.py says why
-    return [
-        f"portattn backends: {', '.join(backend_names())}"
-        + (f" (from {ENV})" if req else f" ({ENV} unset: unavailable ones skip)"),
-        f"OpenBLAS kernels (OPENBLAS_CORETYPE): {blas}",
-    ]
+    return f"portattn backends: {', '.join(backend_names())}" + (
+        f" (from {ENV})" if req else f" ({ENV} unset: unavailable ones skip)"
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
