@@ -180,6 +180,49 @@ def test_large_finite_scores_do_not_overflow(backend: Backend, rng, impl, causal
     assert_close(got, want, rtol=1e-5, dtype=xp.float32)
 
 
+class _FlagsOnce(np.ndarray):
+    """An array whose first product raises as NumPy does for a BLAS's spurious "invalid" flag."""
+
+    error: type[Exception] = FloatingPointError
+    calls = 0
+
+    def __matmul__(self, other):
+        type(self).calls += 1
+        if type(self).calls == 1:
+            raise type(self).error("invalid value encountered in matmul")
+        return np.asarray(self) @ other
+
+
+@pytest.mark.parametrize("error", [FloatingPointError, RuntimeWarning])
+def test_a_spurious_invalid_flag_in_a_product_is_dropped(rng, monkeypatch, error):
+    """NumPy's OpenBLAS may flag "invalid" on a finite product (numpy/numpy#24067). The result
+    holds no NaN, so the flag was wrong and the product stands: under errstate's "raise" and
+    with warnings made errors alike."""
+    monkeypatch.setattr(_FlagsOnce, "error", error)
+    monkeypatch.setattr(_FlagsOnce, "calls", 0)
+    a = rng.standard_normal((2, 3, 5))
+    b = rng.standard_normal((2, 5, 4))
+    got = _compat.matmul(a.view(_FlagsOnce), b, xp=_compat.array_namespace(b))
+    assert _FlagsOnce.calls == 2  # it raised, and the product was taken again
+    np.testing.assert_array_equal(np.asarray(got), a @ b)
+
+
+@pytest.mark.parametrize("impl", [*IMPLS, pytest.param({"impl": "auto"}, id="auto")])
+def test_a_real_invalid_value_in_a_product_still_raises(impl):
+    """0 times an inf key is NaN: a caller who asked for invalid values to raise gets the error,
+    and one who did not gets NumPy's warning and the NaN."""
+    q = np.ones((1, 2, 4))
+    q[..., 0] = 0.0
+    k = np.ones((1, 3, 4))
+    k[0, 1, 0] = np.inf
+    v = np.ones((1, 3, 2))
+    with np.errstate(all="raise"), pytest.raises(FloatingPointError, match="invalid value"):
+        pa.attention(q, k, v, **impl)
+    with pytest.warns(RuntimeWarning, match="invalid value encountered in matmul"):
+        out = pa.attention(q, k, v, **impl)
+    assert np.isnan(out).all()
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_inputs_are_not_mutated(backend: Backend, rng, impl):
     q, k, v = make_qkv(rng, LQ, LK, d=D, dv=DV, batch=(2, 3))

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._lib._checks import broadcastable, check_int, int_shape
+from .._lib._compat import matmul
 from .._lib._typing import Array, Namespace
 
 __all__ = [
@@ -103,8 +104,9 @@ def grouped_matmul(a: Array, b: Array, groups: int, *, xp: Namespace) -> Array:
     Returns (..., H, m, p). With ``groups == 1`` it is ``a @ b``.
     """
     if groups == 1:
-        return a @ b
-    return unfold_rows(fold_rows(a, groups, xp=xp) @ b, groups, xp=xp)  # via (..., Hkv, G*m, p)
+        return matmul(a, b, xp=xp)
+    rows = matmul(fold_rows(a, groups, xp=xp), b, xp=xp)  # (..., Hkv, G*m, p)
+    return unfold_rows(rows, groups, xp=xp)
 
 
 def grouped_scores(
@@ -123,13 +125,15 @@ def grouped_scores(
     against 16 for H = 8, Hkv = 2, Lk = 512, d = 64).
     """
     if groups == 1:
-        return q @ k_t
+        return matmul(q, k_t, xp=xp)
     shape = q.shape
     if shape[-2] != 1 or type(q) is not np.ndarray:
-        rows = fold_rows(q, groups, xp=xp) @ k_t  # (..., Hkv, G*m, n)
+        rows = matmul(fold_rows(q, groups, xp=xp), k_t, xp=xp)  # (..., Hkv, G*m, n)
         return rows if folded else unfold_rows(rows, groups, xp=xp)
-    per_head = (
-        q.reshape(*shape[:-3], shape[-3] // groups, groups, 1, shape[-1]) @ k_t[..., None, :, :]
+    per_head = matmul(
+        q.reshape(*shape[:-3], shape[-3] // groups, groups, 1, shape[-1]),
+        k_t[..., None, :, :],
+        xp=xp,
     )
     # The batch from the product: q's may broadcast against the keys'.
     batch = per_head.shape[:-4]
@@ -145,11 +149,11 @@ def grouped_matmul_t(a: Array, b: Array, groups: int, *, xp: Namespace) -> Array
     it is ``aᵀ @ b``.
     """
     if groups == 1:
-        return xp.matrix_transpose(a) @ b
+        return matmul(xp.matrix_transpose(a), b, xp=xp)
     *lead, h, m, n = a.shape
     a2 = _view(a, (*lead, h // groups, groups * m, n), xp=xp)
     b2 = _view(b, (*b.shape[:-3], h // groups, groups * m, b.shape[-1]), xp=xp)
-    return xp.matrix_transpose(a2) @ b2
+    return matmul(xp.matrix_transpose(a2), b2, xp=xp)
 
 
 def repeat_kv(x: Array, groups: int, *, xp: Namespace) -> Array:

@@ -50,6 +50,7 @@ __all__ = [
     "is_torch_namespace",
     "is_writeable_array",
     "library_name",
+    "matmul",
     "matrix_transpose",
     "max_last",
     "namespace_library",
@@ -221,6 +222,34 @@ def all_finite(x: Any, *, xp: ModuleType) -> bool:
     quiet = namespace_library(xp) in _WARNS  # inf - inf and overflows asked, not warned of
     with _np.errstate(over="ignore", invalid="ignore") if quiet else contextlib.nullcontext():
         return math.isfinite(host_float(xp.sum(x, dtype=wide)))
+
+
+def matmul(a: Any, b: Any, *, xp: ModuleType) -> Any:
+    """``a @ b``, without the "invalid" flag that NumPy's BLAS may raise wrongly.
+
+    NumPy's bundled OpenBLAS (0.3.31, with its AVX-512 kernels) now and then
+    sets the floating-point "invalid" flag in a small product of finite
+    numbers whose result is finite and correct; older releases did too
+    (numpy/numpy#24067). NumPy reports it, and a caller who made that flag an
+    error (``np.errstate(invalid="raise")``, or warnings as errors) would get
+    it from portattn. A real invalid operation in a product (inf times 0, inf
+    minus inf) leaves a NaN in its result, and NaN survives every later sum.
+    So when the product raises for an invalid value, it is computed again
+    with the flag ignored, and the error stands only if that result holds a
+    NaN. Nothing else changes: other flags, and a caller who only warns, are
+    answered as before. Costs nothing until NumPy raises; torch, JAX and
+    CuPy never do.
+    """
+    try:
+        return a @ b
+    except (FloatingPointError, RuntimeWarning) as exc:
+        if "invalid value" not in str(exc):
+            raise
+        with _np.errstate(invalid="ignore"):
+            out = a @ b
+        if bool(xp.any(xp.isnan(out))):
+            raise  # a real one: the caller's request stands
+        return out
 
 
 # The libraries whose arithmetic is NumPy's, and warns of invalid values and overflows.

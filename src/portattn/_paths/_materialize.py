@@ -9,7 +9,7 @@ from __future__ import annotations
 from .._core._groups import grouped_matmul, grouped_scores, unfold_rows
 from .._core._problem import Problem, empty_result, empty_scores, expand
 from .._core._softmax import add_sink, exp_floor, lse_from, masked_exp, masked_softmax, nonzero
-from .._lib._compat import matrix_transpose, shifted_exp
+from .._lib._compat import matmul, matrix_transpose, shifted_exp
 from .._lib._typing import Array, Namespace
 
 __all__ = ["materialize_attention", "materialize_weights", "plain_materialize"]
@@ -64,7 +64,7 @@ def plain_materialize(
     # guards are not needed.
     scores = grouped_scores(q, matrix_transpose(k, xp=xp), groups, xp=xp, folded=True)
     e, row_max, total = shifted_exp(scores, exp_floor(scores.dtype, xp=xp), xp=xp)
-    out = (e @ v) / total
+    out = matmul(e, v, xp=xp) / total
     return (out if groups == 1 else unfold_rows(out, groups, xp=xp)), row_max, total
 
 
